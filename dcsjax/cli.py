@@ -1,0 +1,98 @@
+"""The `dcsjax` command: `fetch`, `score`, `models`, and `demo` (the README's main job)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from dcsjax.errors import DcsjaxError
+
+DEMO_MODEL = "smollm2-135m-instruct"
+# A handful of true and false statements: a model that knows a little ranks each true one above its twin.
+DEMO_STATEMENTS = [
+    "The capital of France is Paris.",
+    "The capital of France is London.",
+    "Water boils at 100 degrees Celsius at sea level.",
+    "Water boils at 40 degrees Celsius at sea level.",
+    "The Earth orbits the Sun once a year.",
+    "The Sun orbits the Earth once a day.",
+    "Spiders have eight legs.",
+    "Spiders have six legs.",
+]
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return "\n".join([line(header), "  ".join("-" * w for w in widths), *map(line, rows)])
+
+
+def cmd_fetch(args) -> int:
+    from dcsjax.fetch import fetch_model
+
+    for name in args.models:
+        print(fetch_model(name))
+    return 0
+
+
+def cmd_models(args) -> int:
+    from dcsjax.cards import model_card, model_card_names
+
+    rows = [[c.name, c.display_name, c.architecture, c.variant, f"{c.parameters / 1e6:.0f}M"]
+            for c in map(model_card, model_card_names())]
+    print(_table(rows, ["name", "model", "architecture", "variant", "params"]))
+    return 0
+
+
+def cmd_score(args) -> int:
+    import numpy as np
+
+    import dcsjax
+
+    texts = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    scorer = dcsjax.load(args.model, dtype=args.dtype, progress=True, batch_size=args.batch_size)
+    start = time.perf_counter()
+    lps = scorer.token_logprobs(texts)
+    elapsed = time.perf_counter() - start
+    rows = [[t if len(t) <= 60 else t[:57] + "...", len(lp), f"{lp.sum():.3f}", f"{lp.mean():.3f}",
+             f"{float(np.exp(-lp.mean())):.2f}"] for t, lp in zip(texts, lps)]
+    print(_table(rows, ["text", "tokens", "log p (sum)", "log p (mean)", "perplexity"]))
+    print(f"\n{scorer.name}: {len(texts)} texts, {sum(map(len, lps))} tokens scored in {elapsed:.1f} s "
+          f"(compiles included); conditioned on token {scorer.document_start_id} "
+          f"({scorer.tokenizer.convert_ids_to_tokens(scorer.document_start_id)!r}) as the document start")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    args.texts, args.model, args.dtype = DEMO_STATEMENTS, DEMO_MODEL, "float32"
+    return cmd_score(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dcsjax", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("fetch", help="download and verify models into the cache")
+    p.add_argument("models", nargs="+", metavar="MODEL")
+    p.set_defaults(func=cmd_fetch)
+    p = sub.add_parser("models", help="list the model cards")
+    p.set_defaults(func=cmd_models)
+    p = sub.add_parser("score", help="token log-probs and perplexity of texts (arguments or stdin lines)")
+    p.add_argument("--model", default=DEMO_MODEL)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("texts", nargs="*")
+    p.set_defaults(func=cmd_score)
+    p = sub.add_parser("demo", help=f"score a handful of statements with {DEMO_MODEL}")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.set_defaults(func=cmd_demo)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except DcsjaxError as err:
+        print(f"dcsjax: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""`dcsjax.load`: a scorer from a model card name, a GGUF file, or an HF checkpoint directory."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import jax.numpy as jnp
+
+from dcsjax.cards import ModelCard, model_card, model_card_names
+from dcsjax.checkpoints.assemble import build_decoder
+from dcsjax.checkpoints.gguf_file import gguf_metadata, gguf_tensors, gguf_vocab_size, open_gguf
+from dcsjax.checkpoints.hf_dir import hf_config, hf_tensors
+from dcsjax.errors import CheckpointError, ConfigError, UnknownModelError
+from dcsjax.nn.config import config_from_gguf, config_from_hf
+from dcsjax.paths import cache_dir
+from dcsjax.scorer import Scorer
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_start: str | None = None,
+         progress: bool = False, **scorer_options) -> Scorer:
+    """A `Scorer` for a card name (fetched into the cache on first use), a GGUF file or an HF directory.
+
+    dtype: parameter dtype ("float32" or "bfloat16"); log-probs are float32 either way.
+    document_start: the token that starts a document, for a model whose tokenizer adds no BOS and that
+    has no card (a card names it).
+    """
+    from dcsjax.fetch import fetch_model
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
+    text = str(name_or_path)
+    card: ModelCard | None = None
+    path = Path(text).expanduser()
+    if not path.exists() and "/" not in text and not text.endswith(".gguf"):
+        if text not in model_card_names():
+            raise UnknownModelError(
+                f"unknown model {text!r}: not a model card ({', '.join(model_card_names())}), "
+                "a GGUF file or an HF checkpoint directory")
+        card = model_card(text)
+        path = fetch_model(text, quiet=not progress)
+    if path.is_dir():
+        model, tokenizer = _load_hf_dir(path, DTYPES[dtype])
+    elif path.suffix == ".gguf" or path.is_file():
+        model, tokenizer = _load_gguf(path, DTYPES[dtype])
+    else:
+        raise CheckpointError(f"{path}: no such model file or directory")
+    start = document_start_id(tokenizer, card, document_start, source=str(path))
+    return Scorer(model, tokenizer, start, name=card.name if card else path.stem, card=card, progress=progress,
+                  **scorer_options)
+
+
+def document_start_id(tokenizer, card: ModelCard | None, override: str | None, source: str) -> int:
+    """The tokenizer's BOS where it adds one by default, else the card's (or caller's) document start."""
+    bos = tokenizer.bos_token_id
+    probe = tokenizer("a")["input_ids"]
+    if override is None and bos is not None and probe and probe[0] == bos:
+        return int(bos)
+    name = override or (card.document_start if card else None)
+    if name is None:
+        raise ConfigError(
+            f"{source}: the tokenizer adds no BOS, so say which token starts a document "
+            "(load(..., document_start='<|endoftext|>') or a model card's [text] document_start)")
+    token_id = tokenizer.convert_tokens_to_ids(name)
+    if token_id is None or token_id == tokenizer.unk_token_id and name != tokenizer.unk_token:
+        raise ConfigError(f"{source}: document-start token {name!r} is not in the vocabulary")
+    return int(token_id)
+
+
+def _load_gguf(path: Path, dtype):
+    reader = open_gguf(path)
+    meta = gguf_metadata(reader)
+    config = config_from_gguf(meta, gguf_vocab_size(reader), source=str(path))
+    model = build_decoder(config, gguf_tensors(reader, config.architecture, config.num_heads,
+                                               config.num_kv_heads, str(path)), str(path), dtype)
+    return model, _gguf_tokenizer(path)
+
+
+def _gguf_tokenizer(path: Path):
+    """transformers' GGUF tokenizer conversion is slow (12 s for Gemma's 262k vocabulary): do it once and
+    keep the result under the cache, keyed by the file's identity."""
+    from transformers import AutoTokenizer
+
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:20]
+    saved = cache_dir() / "tokenizers" / key
+    if saved.is_dir():
+        return AutoTokenizer.from_pretrained(saved)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=saved.parent))
+    tokenizer.save_pretrained(tmp)
+    try:
+        os.replace(tmp, saved)
+    except OSError:  # another process saved it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tokenizer
+
+
+def _load_hf_dir(path: Path, dtype):
+    from transformers import AutoTokenizer
+
+    config = config_from_hf(hf_config(path), source=str(path / "config.json"))
+    model = build_decoder(config, hf_tensors(path), str(path), dtype)
+    return model, AutoTokenizer.from_pretrained(path)

@@ -1,0 +1,213 @@
+"""One Flax NNX decoder for the Llama family and Gemma 3.
+
+The two families differ in a handful of traits that `DecoderConfig` derives from the architecture:
+Gemma 3 scales embeddings by sqrt(d), normalises with (1 + w), norms queries and keys, wraps both the
+attention and the MLP in pre- and post-norms, uses GeGLU instead of SwiGLU, and alternates sliding-window
+local layers (own RoPE base) with global ones. Writing them as switches on one block keeps attention,
+RoPE and masking in one place instead of two near-copies.
+
+Parameters are stacked over layers (leading axis `layers`) and the blocks run under `lax.scan`, so compile
+time does not grow with depth. Every parameter carries logical axis names (`axes` metadata) for sharding.
+
+Shapes: B batch rows, T tokens per row, D width, H query heads, N KV heads, G = H / N, K head size,
+F MLP width, V vocabulary, L layers.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dcsjax.nn.config import DecoderConfig
+
+F32 = jnp.float32
+MASKED = -1e30  # finite, so a fully masked (padding) row softmaxes to uniform instead of NaN
+
+# Per-layer parameters: name -> (shape given the config, logical axes). The leading `layers` axis is added.
+def layer_param_shapes(c: DecoderConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    d, h, n, k, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.mlp_size
+    shapes = {
+        "attn_norm": ((d,), ("embed",)),
+        "q": ((d, h, k), ("embed", "heads", "head_dim")),
+        "k": ((d, n, k), ("embed", "kv_heads", "head_dim")),
+        "v": ((d, n, k), ("embed", "kv_heads", "head_dim")),
+        "o": ((h, k, d), ("heads", "head_dim", "embed")),
+        "mlp_norm": ((d,), ("embed",)),
+        "gate": ((d, f), ("embed", "mlp")),
+        "up": ((d, f), ("embed", "mlp")),
+        "down": ((f, d), ("mlp", "embed")),
+    }
+    if c.qkv_bias:
+        shapes |= {"q_bias": ((h, k), ("heads", "head_dim")), "k_bias": ((n, k), ("kv_heads", "head_dim")),
+                   "v_bias": ((n, k), ("kv_heads", "head_dim"))}
+    if c.is_gemma:
+        shapes |= {"q_norm": ((k,), ("head_dim",)), "k_norm": ((k,), ("head_dim",)),
+                   "post_attn_norm": ((d,), ("embed",)), "post_mlp_norm": ((d,), ("embed",))}
+    return shapes
+
+
+class Layers(nnx.Module):
+    """All decoder blocks' parameters, each stacked along a leading `layers` axis."""
+
+    def __init__(self, c: DecoderConfig, dtype, rngs: nnx.Rngs):
+        for name, (shape, axes) in layer_param_shapes(c).items():
+            full = (c.num_layers, *shape)
+            if name.endswith("norm"):  # identity at init: w = 1, or w = 0 under Gemma's (1 + w)
+                value = jnp.full(full, 1.0 - c.norm_offset, dtype)
+            elif name.endswith("bias"):
+                value = jnp.zeros(full, dtype)
+            else:
+                value = 0.02 * jax.random.normal(rngs.params(), full, dtype)
+            setattr(self, name, nnx.Param(value, axes=("layers", *axes)))
+
+    def arrays(self) -> dict[str, jax.Array]:
+        return {name: v[...] for name, v in vars(self).items() if isinstance(v, nnx.Param)}
+
+
+class Decoder(nnx.Module):
+    def __init__(self, config: DecoderConfig, *, dtype=F32, rngs: nnx.Rngs):
+        c = self.config = config
+        self.embed = nnx.Param(0.02 * jax.random.normal(rngs.params(), (c.vocab_size, c.hidden_size), dtype),
+                               axes=("vocab", "embed"))
+        if not c.tie_embeddings:
+            self.unembed = nnx.Param(
+                0.02 * jax.random.normal(rngs.params(), (c.vocab_size, c.hidden_size), dtype), axes=("vocab", "embed"))
+        self.final_norm = nnx.Param(jnp.full((c.hidden_size,), 1.0 - c.norm_offset, dtype), axes=("embed",))
+        self.layers = Layers(c, dtype, rngs)
+
+    @property
+    def output_embedding(self) -> jax.Array:  # [V, D]
+        return (self.embed if self.config.tie_embeddings else self.unembed)[...]
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,
+                 attend_to: jax.Array | None = None, *, remat: bool = False) -> jax.Array:
+        """Final hidden states [B, T, D] of rows of tokens [B, T].
+
+        positions [B, T]: RoPE positions. segment_ids [B, T]: 0 is padding; a token attends to earlier
+        tokens of its own segment and, if `attend_to` [B, T] names one, of that segment too (a shared
+        question that several option segments continue).
+        """
+        c = self.config
+        embed = self.embed[...]
+        x = embed[tokens] * jnp.asarray(c.embed_scale, embed.dtype)  # [B, T, D]
+        masks = attention_masks(c, positions, segment_ids, attend_to)
+        ropes = rope_tables(c, positions)
+        params = self.layers.arrays()
+        is_local = jnp.asarray(c.local_layers)  # [L]
+
+        def block(x, layer):
+            p, local = layer
+            x = decoder_block(c, p, x, Rope(*(jnp.where(local, lo, gl) for lo, gl in zip(ropes.local, ropes.glob))),
+                              jnp.where(local, masks.local, masks.glob))
+            return x, None
+
+        if remat:
+            block = jax.checkpoint(block)
+        x, _ = jax.lax.scan(block, x, (params, is_local))
+        return rms_norm(x, self.final_norm[...], c.rms_eps, c.norm_offset)
+
+
+class Rope(NamedTuple):
+    cos: jax.Array  # [B, T, K]
+    sin: jax.Array  # [B, T, K]
+
+
+class RopeTables(NamedTuple):
+    glob: Rope
+    local: Rope
+
+
+class Masks(NamedTuple):
+    glob: jax.Array  # [B, T, S] bool
+    local: jax.Array  # [B, T, S] bool
+
+
+def rope_table(positions: jax.Array, head_dim: int, base: float) -> Rope:
+    """HF's (rotate-half) layout: frequencies repeated over the two halves of each head."""
+    inv_freq = 1.0 / (base ** (jnp.arange(0, head_dim, 2, dtype=F32) / head_dim))  # [K/2]
+    angles = positions.astype(F32)[..., None] * inv_freq  # [B, T, K/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)  # [B, T, K]
+    return Rope(jnp.cos(angles), jnp.sin(angles))
+
+
+def rope_tables(c: DecoderConfig, positions: jax.Array) -> RopeTables:
+    glob = rope_table(positions, c.head_dim, c.rope_base)
+    local = rope_table(positions, c.head_dim, c.local_rope_base) if any(c.local_layers) else glob
+    return RopeTables(glob, local)
+
+
+def attention_masks(c: DecoderConfig, positions, segment_ids, attend_to=None) -> Masks:
+    t = segment_ids.shape[1]
+    idx = jnp.arange(t)
+    causal = idx[None, :, None] >= idx[None, None, :]  # [1, T, S]
+    seg_q, seg_k = segment_ids[:, :, None], segment_ids[:, None, :]
+    visible = seg_q == seg_k
+    if attend_to is not None:
+        visible |= (attend_to[:, :, None] == seg_k)
+    glob = causal & visible & (seg_k != 0)  # [B, T, S]
+    if not any(c.local_layers):
+        return Masks(glob, glob)
+    distance = positions[:, :, None] - positions[:, None, :]
+    return Masks(glob, glob & (distance < c.sliding_window))
+
+
+def row_sum(x: jax.Array) -> jax.Array:
+    """Sum over the last axis as a dot with ones. XLA's CPU reductions vectorise differently with the
+    batch shape, so a row's sum would change in its last bits with the batch size; its dot kernels
+    do not, which keeps every score bit-identical across batch sizes, packing and buckets."""
+    return jnp.einsum("...d,d->...", x, jnp.ones(x.shape[-1], x.dtype), preferred_element_type=F32)
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float, offset: float) -> jax.Array:
+    xf = x.astype(F32)
+    y = xf * jax.lax.rsqrt(row_sum(xf * xf)[..., None] / x.shape[-1] + eps)
+    return (y * (offset + w.astype(F32))).astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, rope: Rope) -> jax.Array:
+    """x [B, T, ..., K]; rope tables broadcast over the head axes."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    extra = x.ndim - 3
+    cos = rope.cos.reshape(*rope.cos.shape[:2], *(1,) * extra, -1)
+    sin = rope.sin.reshape(*rope.sin.shape[:2], *(1,) * extra, -1)
+    return (x.astype(F32) * cos + rotated.astype(F32) * sin).astype(x.dtype)
+
+
+def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array) -> jax.Array:
+    b, t, _ = x.shape
+    n, g = c.num_kv_heads, c.num_heads // c.num_kv_heads
+    q = jnp.einsum("btd,dhk->bthk", x, p["q"])  # [B, T, H, K]
+    k = jnp.einsum("bsd,dnk->bsnk", x, p["k"])  # [B, S, N, K]
+    v = jnp.einsum("bsd,dnk->bsnk", x, p["v"])
+    if c.qkv_bias:
+        q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
+    if c.is_gemma:
+        q = rms_norm(q, p["q_norm"], c.rms_eps, c.norm_offset)
+        k = rms_norm(k, p["k_norm"], c.rms_eps, c.norm_offset)
+    q, k = apply_rope(q, rope), apply_rope(k, rope)
+    q = q.reshape(b, t, n, g, c.head_dim)  # [B, T, N, G, K]
+    scores = jnp.einsum("btngk,bsnk->bngts", q, k, preferred_element_type=F32) * c.attn_scale
+    scores = jnp.where(mask[:, None, None], scores, MASKED)  # [B, N, G, T, S]
+    unnormed = jnp.exp(scores - scores.max(axis=-1, keepdims=True))  # a max is exact in any order
+    probs = (unnormed / row_sum(unnormed)[..., None]).astype(v.dtype)
+    out = jnp.einsum("bngts,bsnk->btngk", probs, v).reshape(b, t, c.num_heads, c.head_dim)
+    return jnp.einsum("bthk,hkd->btd", out, p["o"])
+
+
+def mlp(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
+    gate = jnp.einsum("btd,df->btf", x, p["gate"])
+    up = jnp.einsum("btd,df->btf", x, p["up"])
+    act = jax.nn.gelu(gate, approximate=True) if c.activation == "gelu_tanh" else jax.nn.silu(gate)
+    return jnp.einsum("btf,fd->btd", act * up, p["down"])
+
+
+def decoder_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array) -> jax.Array:
+    norm = lambda y, w: rms_norm(y, p[w], c.rms_eps, c.norm_offset)  # noqa: E731
+    h = attention(c, p, norm(x, "attn_norm"), rope, mask)
+    x = x + (norm(h, "post_attn_norm") if c.is_gemma else h)
+    h = mlp(c, p, norm(x, "mlp_norm"))
+    return x + (norm(h, "post_mlp_norm") if c.is_gemma else h)

@@ -1,0 +1,151 @@
+"""The scorer: texts in, float32 token log-probabilities out, through bucketed, packed, jitted batches.
+
+Every text is scored in full, conditioned on the token that starts a document in the model's
+pretraining (`document_start_id`): the tokenizer's BOS where it adds one by default (Gemma 3), else the
+token the model card names (SmolLM2: `<|endoftext|>`). The first real token is thus scored too.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dcsjax.errors import InputError
+from dcsjax.kernels.logprobs import reduce_logprobs, token_logprobs
+from dcsjax.kernels.packing import BUCKET_MULTIPLE, DEFAULT_BUCKETS, make_batch, plan_batches, rows_per_batch
+from dcsjax.nn.decoder import Decoder
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _batch_logprobs(graphdef, vocab_chunk: int, state, tokens, positions, segment_ids, targets):
+    """[B, T] float32: log p(targets[b, t] | row b up to t) for every position (junk where not a target)."""
+    model = nnx.merge(graphdef, state)
+    hidden = model(tokens, positions, segment_ids)  # [B, T, D]
+    return token_logprobs(hidden, model.output_embedding, targets, vocab_chunk)
+
+
+@dataclass
+class Scorer:
+    model: Decoder
+    tokenizer: object  # a transformers tokenizer
+    document_start_id: int
+    name: str = "model"
+    card: object | None = None  # the ModelCard, when loaded by name
+    batch_size: int = 16  # rows per batch
+    max_batch_tokens: int | None = 16384  # fewer rows in long buckets, so attention memory stays bounded
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    pack: bool = True
+    vocab_chunk: int = 8192
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        limit = self.model.config.max_context // BUCKET_MULTIPLE * BUCKET_MULTIPLE
+        if self.buckets[-1] >= limit:  # the model's context is the last bucket
+            self.buckets = tuple(b for b in self.buckets if b < limit) + (limit,)
+        if any(b % BUCKET_MULTIPLE or b <= 0 for b in self.buckets) or list(self.buckets) != sorted(set(self.buckets)):
+            raise ValueError(f"buckets must be increasing multiples of {BUCKET_MULTIPLE}, not {self.buckets}")
+        self.max_length = self.buckets[-1]  # tokens per sequence, document start included
+        self._graphdef, self._state = nnx.split(self.model)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    # ---------------------------------------------------------------------------------------- texts
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids without special tokens; an empty text is an error naming it."""
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InputError(f"text {i} is a {type(text).__name__}, not a string")
+            if not text:
+                raise InputError(f"text {i} is empty: there is nothing to score")
+        if not texts:
+            return []
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def token_logprobs(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """One float32 array per text: log p(token_i | document start, tokens before i), every token."""
+        return self.logprobs_of_ids(self.encode(texts))
+
+    def score(self, texts: Sequence[str], reduction: str = "sum") -> np.ndarray:
+        """One number per text: the sum or mean of its token log-probs, or its perplexity ('ppl')."""
+        return np.array([reduce_logprobs(lp, reduction) for lp in self.token_logprobs(texts)])
+
+    def score_continuations(self, contexts: Sequence[str], continuations: Sequence[str],
+                            reduction: str = "sum") -> np.ndarray:
+        """log p(continuation | document start, context), reduced per pair."""
+        if len(contexts) != len(continuations):
+            raise InputError(f"{len(contexts)} contexts but {len(continuations)} continuations")
+        ctx_ids, cont_ids = zip(*(self.split_encode(c, x, i) for i, (c, x) in
+                                  enumerate(zip(contexts, continuations)))) if contexts else ((), ())
+        lps = self.logprobs_of_ids([c + x for c, x in zip(ctx_ids, cont_ids)])
+        return np.array([reduce_logprobs(lp[len(c):], reduction) for lp, c in zip(lps, ctx_ids)])
+
+    def split_encode(self, context: str, continuation: str, index: int = 0) -> tuple[list[int], list[int]]:
+        """Context and continuation ids, tokenised together and split at the character boundary.
+
+        Where a token would straddle the boundary (no such merge in the usual " answer" case), the two
+        sides are tokenised apart instead, so no token ever merges across it.
+        """
+        if not continuation:
+            raise InputError(f"continuation {index} is empty: there is nothing to score")
+        enc = self.tokenizer(context + continuation, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
+        b = len(context)
+        n_ctx = sum(1 for start, end in offsets if end <= b)
+        aligned = all(end <= b for _, end in offsets[:n_ctx]) and all(start >= b for start, _ in offsets[n_ctx:])
+        if aligned and n_ctx < len(ids):
+            return ids[:n_ctx], ids[n_ctx:]
+        ctx = list(self.tokenizer(context, add_special_tokens=False)["input_ids"]) if context else []
+        return ctx, list(self.tokenizer(continuation, add_special_tokens=False)["input_ids"])
+
+    # ---------------------------------------------------------------------------------------- engine
+    def logprobs_of_ids(self, id_lists: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        seqs = [[self.document_start_id, *ids] for ids in id_lists]
+        for i, seq in enumerate(seqs):
+            if len(seq) > self.max_length:
+                raise InputError(
+                    f"text {i} has {len(seq) - 1} tokens; with the document-start token that exceeds the "
+                    f"{self.max_length}-token limit of {self.name} (shorten it or split it)")
+        out: list[np.ndarray | None] = [None] * len(seqs)
+        plan = plan_batches([len(s) for s in seqs], self.batch_size, self.buckets, self.pack, self.max_batch_tokens)
+        pending = None  # one batch in flight while the next is being prepared
+        for bucket, rows in self._progress(plan, total=len(seqs)):
+            batch = make_batch(seqs, bucket, rows, rows_per_batch(bucket, self.batch_size, self.max_batch_tokens))
+            result = _batch_logprobs(self._graphdef, self.vocab_chunk, self._state, *map(jnp.asarray, (
+                batch.tokens, batch.positions, batch.segment_ids, batch.targets)))
+            if pending is not None:
+                self._collect(*pending, out)
+            pending = (batch, result)
+        if pending is not None:
+            self._collect(*pending, out)
+        return out  # type: ignore[return-value]
+
+    @staticmethod
+    def _collect(batch, result, out) -> None:
+        lp = np.asarray(result)
+        for p in batch.placements:
+            out[p.seq] = lp[p.row, p.start:p.start + p.length - 1].astype(np.float32)
+
+    def _progress(self, plan, total: int):
+        if not self.progress:
+            yield from plan
+            return
+        from tqdm.auto import tqdm
+
+        with tqdm(total=total, desc=f"scoring ({self.name})", unit="seq") as bar:
+            for bucket, rows in plan:
+                yield bucket, rows
+                bar.update(sum(len(r) for r in rows))
+
+    @staticmethod
+    def compile_count() -> int:
+        """How many shapes the batch kernel has been compiled for in this process."""
+        return _batch_logprobs._cache_size()

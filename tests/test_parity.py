@@ -1,0 +1,49 @@
+"""Parity with transformers + torch on the same GGUF weights, float32, on a prompt of several hundred
+tokens (past Gemma 3's 512-token sliding window, so local layers and both RoPE bases are exercised)."""
+
+import jax.numpy as jnp
+import numpy as np
+
+from conftest import PASSAGE, reference_logprobs, scorer_for
+
+N_TOKENS = 640
+
+
+def test_token_logprobs_and_greedy_tokens_match_transformers(model_name):
+    scorer = scorer_for(model_name)
+    ids = scorer.encode([PASSAGE])[0][:N_TOKENS]
+    assert len(ids) == N_TOKENS
+    ours = scorer.logprobs_of_ids([ids])[0]
+    seq = [scorer.document_start_id, *ids]
+    ref, ref_logits = reference_logprobs(model_name, seq)
+
+    assert ours.dtype == np.float32 and ours.shape == (N_TOKENS,)
+    gap = np.abs(ours - ref).max()
+    print(f"{model_name}: {N_TOKENS} tokens, max |log p - reference| = {gap:.2e}")
+    assert gap < 1e-4
+
+    # Greedy next tokens at every position, from full logits of the same forward pass.
+    tokens = jnp.asarray([seq])
+    hidden = scorer.model(tokens, jnp.arange(len(seq))[None], jnp.ones_like(tokens))
+    logits = np.asarray(hidden[0] @ scorer.model.output_embedding.T)
+    assert (logits.argmax(-1) == ref_logits.argmax(-1)).all()
+
+
+def test_document_start_conditioning_matters_as_documented():
+    """SmolLM2 scores the sentence at -17.3 after <|endoftext|>, -31.8 after <|im_start|> (DESIGN.md)."""
+    from dcsjax.scorer import Scorer
+
+    smol = scorer_for("smollm2-135m-instruct")
+    sentence = "The capital of France is Paris."
+    assert smol.tokenizer.convert_ids_to_tokens(smol.document_start_id) == "<|endoftext|>"
+    after_eot = smol.score([sentence])[0]
+    im_start = smol.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    after_im_start = Scorer(smol.model, smol.tokenizer, im_start).score([sentence])[0]
+    for start, ours in [(smol.document_start_id, after_eot), (im_start, after_im_start)]:
+        ref, _ = reference_logprobs("smollm2-135m-instruct", [start, *smol.encode([sentence])[0]])
+        assert abs(ours - ref.sum()) < 1e-4
+    assert abs(after_eot - -17.3) < 0.05 and abs(after_im_start - -31.8) < 0.06
+
+
+def test_gemma_conditions_on_its_bos(gemma3):
+    assert gemma3.document_start_id == gemma3.tokenizer.bos_token_id == 2
