@@ -145,7 +145,8 @@ _INERT_HF_KEYS = {
     "pretraining_tp", "_name_or_path", "_model_name_or_path", "tokenizer_class", "is_llama_config",
     "use_sliding_window", "max_window_layers", "quantization_config",
     "use_bidirectional_attention", "_sliding_window_pattern", "sliding_window_pattern", "cache_implementation",
-    "id2label", "label2id", "output_attentions", "output_hidden_states", "return_dict",
+    "id2label", "label2id", "output_attentions", "output_hidden_states", "return_dict", "problem_type",
+    "chunk_size_feed_forward",  # a memory setting of torch's feed-forward; results do not change
 }
 
 
@@ -194,10 +195,8 @@ def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> Decod
         window = take("sliding_window", None)
         if cfg.get("use_sliding_window") or (model_type == "mistral" and window is not None):
             raise ConfigError(f"{source}: sliding-window attention for {model_type} is not implemented")
-    unknown = sorted(set(cfg) - taken - _INERT_HF_KEYS)
-    if unknown:
-        raise ConfigError(f"{source}: attributes {unknown} are not implemented")
-    return DecoderConfig(
+    must_be("is_encoder_decoder", (None, False))
+    config = DecoderConfig(
         architecture=arch, vocab_size=vocab, hidden_size=hidden, num_layers=n_layers,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         mlp_size=int(take("intermediate_size")), rms_eps=float(take("rms_norm_eps")), rope_base=rope_base,
@@ -206,6 +205,10 @@ def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> Decod
         layer_is_local=layer_is_local,
         query_pre_attn_scalar=float(take("query_pre_attn_scalar", head_dim)) if arch == "gemma3" else None,
     )
+    unknown = sorted(set(cfg) - taken - _INERT_HF_KEYS)
+    if unknown:
+        raise ConfigError(f"{source}: attributes {unknown} are not implemented")
+    return config
 
 
 def _hf_rope(take, must_be, arch: str, source: str) -> tuple[float, float]:

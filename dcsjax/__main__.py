@@ -1,0 +1,5 @@
+import sys
+
+from dcsjax.cli import main
+
+sys.exit(main())

@@ -1,0 +1,34 @@
+"""The `dcsjax` command, in-process and as the installed console script."""
+
+import shutil
+import subprocess
+import sys
+
+from dcsjax.cli import main
+
+
+def test_models_fetch_score(capsys):
+    assert main(["models"]) == 0
+    assert "smollm2-135m-instruct" in capsys.readouterr().out
+    assert main(["fetch", "smollm2-135m-instruct"]) == 0
+    assert capsys.readouterr().out.strip().endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert main(["score", "--model", "smollm2-135m-instruct", "The capital of France is Paris."]) == 0
+    out = capsys.readouterr().out
+    assert "-17.266" in out and "perplexity" in out
+
+
+def test_demo_prints_a_table(capsys):
+    assert main(["demo"]) == 0
+    captured = capsys.readouterr()
+    assert "Water boils at 100 degrees Celsius" in captured.out and "scoring (" in captured.err
+
+
+def test_errors_are_one_line_and_exit_2(capsys):
+    assert main(["score", "--model", "no-such-model", "x"]) == 2
+    assert "dcsjax: error: unknown model 'no-such-model'" in capsys.readouterr().err
+
+
+def test_console_script_is_installed():
+    script = shutil.which("dcsjax") or str(__import__("pathlib").Path(sys.executable).parent / "dcsjax")
+    proc = subprocess.run([script, "models"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "gemma3-270m" in proc.stdout

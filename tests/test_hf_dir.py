@@ -1,0 +1,78 @@
+"""HF checkpoint directories (config.json + safetensors, streamed), written by transformers from the very
+same GGUF weights: dcsjax must read them into the same model, in float32 and in bfloat16."""
+
+import numpy as np
+import pytest
+
+import dcsjax
+from conftest import PASSAGE, reference_for, scorer_for
+from dcsjax.errors import CheckpointError
+from dcsjax.fetch import fetch_model
+
+
+def save_hf_dir(name, directory, dtype=None):
+    """config.json, tokenizer and two safetensors shards from transformers' model of the GGUF file.
+
+    transformers will not `save_pretrained` a GGUF-loaded model, so its state dict is written directly.
+    """
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+
+    model = reference_for(name)
+    path = fetch_model(name)
+    directory.mkdir(parents=True)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (directory / "config.json").write_text(json.dumps(config))
+    tensors = {k: v.detach().to(dtype or torch.float32).contiguous().clone() for k, v in model.state_dict().items()}
+    names = sorted(tensors)
+    for shard, part in enumerate([names[: len(names) // 2], names[len(names) // 2:]]):
+        save_file({k: tensors[k] for k in part}, str(directory / f"model-{shard:05d}.safetensors"))
+    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def texts():
+    words = PASSAGE.split()
+    return [" ".join(words[i:i + n]) for i, n in [(0, 5), (40, 60), (100, 17), (300, 120)]]
+
+
+def test_hf_directory_scores_like_the_gguf(model_name, tmp_path, texts):
+    gguf_scorer = scorer_for(model_name)
+    directory = save_hf_dir(model_name, tmp_path / "hf")
+    assert len(list(directory.glob("*.safetensors"))) == 2
+    hf_scorer = dcsjax.load(directory, document_start=gguf_scorer.card.document_start)
+    assert hf_scorer.config == gguf_scorer.config
+    assert hf_scorer.document_start_id == gguf_scorer.document_start_id
+    np.testing.assert_array_equal(hf_scorer.score(texts), gguf_scorer.score(texts))
+
+
+def test_bfloat16_checkpoint_and_weights(tmp_path, texts):
+    """bfloat16 tensors in the safetensors file, bfloat16 parameters, float32 log-probs."""
+    import torch
+
+    name = "smollm2-135m-instruct"
+    directory = save_hf_dir(name, tmp_path / "bf16", dtype=torch.bfloat16)
+    bf16 = dcsjax.load(directory, dtype="bfloat16", document_start="<|endoftext|>")
+    assert bf16.model.embed[...].dtype == np.dtype("bfloat16")
+    lps = bf16.token_logprobs(texts)
+    assert all(lp.dtype == np.float32 for lp in lps)
+    f32 = scorer_for(name).token_logprobs(texts)
+    per_token = np.concatenate([a - b for a, b in zip(lps, f32)])
+    print(f"bfloat16 weights vs float32: mean |per-token difference| {np.abs(per_token).mean():.3f} nats")
+    assert np.abs(per_token).mean() < 0.2
+
+
+def test_broken_directories(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no config.json"):
+        dcsjax.load(tmp_path / "empty")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="broken JSON"):
+        dcsjax.load(bad)

@@ -1,0 +1,48 @@
+"""The public API: compiles bounded per bucket, continuations split at the boundary, progress bar."""
+
+import numpy as np
+
+from conftest import PASSAGE, reference_logprobs
+from dcsjax.scorer import Scorer
+
+
+def test_compiles_at_most_once_per_bucket(smollm2):
+    words = PASSAGE.split()
+    scorer = Scorer(smollm2.model, smollm2.tokenizer, smollm2.document_start_id, batch_size=5,
+                    buckets=(64, 128, 256))
+    texts = [" ".join(words[i:i + n]) for i, n in enumerate(range(1, 150, 3))]  # 50 lengths, 3 buckets
+    before = Scorer.compile_count()
+    scorer.score(texts)
+    first = Scorer.compile_count() - before
+    scorer.score([" ".join(words[i + 7:i + 7 + n]) for i, n in enumerate(range(2, 150, 5))])
+    second = Scorer.compile_count() - before - first
+    print(f"50 texts of 1-149 words over buckets (64, 128, 256): {first} compiles; a second run: {second}")
+    assert first == 3 and second == 0
+
+
+def test_continuation_scores_match_transformers(smollm2):
+    contexts = ["The capital of France is", "Question: What is 2 + 2?\nAnswer:", ""]
+    continuations = [" Paris.", " 4", "Hello"]
+    ours = smollm2.score_continuations(contexts, continuations)
+    for ctx, cont, score in zip(contexts, continuations, ours):
+        ctx_ids, cont_ids = smollm2.split_encode(ctx, cont)
+        assert smollm2.tokenizer.decode(cont_ids) == cont and smollm2.tokenizer.decode(ctx_ids) == ctx
+        ref, _ = reference_logprobs("smollm2-135m-instruct", [smollm2.document_start_id, *ctx_ids, *cont_ids])
+        assert abs(score - ref[len(ctx_ids):].sum()) < 1e-4
+    assert ours[0] > smollm2.score_continuations(["The capital of France is"], [" London."])[0]
+    np.testing.assert_allclose(
+        smollm2.score_continuations(contexts[:1], continuations[:1], reduction="mean"), ours[:1] / 2, rtol=1e-6)
+
+
+def test_no_token_merges_across_the_boundary(smollm2):
+    """'Paris' after 'The capital of France is ' (trailing space) would merge as ' Paris' if tokenised
+    together; the split keeps the context's space as its own token instead."""
+    ctx_ids, cont_ids = smollm2.split_encode("The capital of France is ", "Paris")
+    assert smollm2.tokenizer.decode(ctx_ids) == "The capital of France is "
+    assert smollm2.tokenizer.decode(cont_ids) == "Paris"
+
+
+def test_progress_bar(smollm2, capsys):
+    scorer = Scorer(smollm2.model, smollm2.tokenizer, smollm2.document_start_id, progress=True, name="smol")
+    scorer.score(["One.", "Two."])
+    assert "scoring (smol)" in capsys.readouterr().err
