@@ -1,4 +1,4 @@
-"""The `dcsjax` command: `fetch`, `score`, `models`, and `demo` (the README's main job)."""
+"""The `dcsjax` command: `fetch`, `models`, `score`, `eval`, and `demo` (the README's main job)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,10 @@ import time
 from dcsjax.errors import DcsjaxError
 
 DEMO_MODEL = "smollm2-135m-instruct"
-# A handful of true and false statements: a model that knows a little ranks each true one above its twin.
-DEMO_STATEMENTS = [
-    "The capital of France is Paris.",
-    "The capital of France is London.",
-    "Water boils at 100 degrees Celsius at sea level.",
-    "Water boils at 40 degrees Celsius at sea level.",
-    "The Earth orbits the Sun once a year.",
-    "The Sun orbits the Earth once a day.",
-    "Spiders have eight legs.",
-    "Spiders have six legs.",
-]
+DEMO_TASKS = ("known_unknowns", "logical_deduction_three_objects", "misconceptions", "hindu_knowledge",
+              "general_knowledge")
+DEMO_PROTOCOLS = ("aps", "mcqa", "dcs", "dcs-letters")
+DEMO_LIMIT = 60
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -32,7 +25,12 @@ def cmd_fetch(args) -> int:
     from dcsjax.fetch import fetch_model
 
     for name in args.models:
-        print(fetch_model(name))
+        if name == "bigbench":
+            from dcsjax.data.bigbench import fetch_bigbench
+
+            print(fetch_bigbench())
+        else:
+            print(fetch_model(name))
     return 0
 
 
@@ -64,15 +62,24 @@ def cmd_score(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
-    args.texts, args.model, args.dtype = DEMO_STATEMENTS, DEMO_MODEL, "float32"
-    return cmd_score(args)
+def cmd_eval(args) -> int:
+    from pathlib import Path
+
+    from dcsjax.evaluate import format_table, run_eval
+
+    start = time.perf_counter()
+    summary = run_eval(args.model, args.tasks.split(","), args.protocols.split(","), Path(args.output),
+                       limit=args.limit, threshold=args.threshold, batch_size=args.batch_size)
+    print(format_table(summary))
+    print(f"\n{time.perf_counter() - start:.0f} s; per-item results and summary.json under {args.output}")
+    return 0
+
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dcsjax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("fetch", help="download and verify models into the cache")
+    p = sub.add_parser("fetch", help="download and verify models (or `bigbench`) into the cache")
     p.add_argument("models", nargs="+", metavar="MODEL")
     p.set_defaults(func=cmd_fetch)
     p = sub.add_parser("models", help="list the model cards")
@@ -83,9 +90,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("texts", nargs="*")
     p.set_defaults(func=cmd_score)
-    p = sub.add_parser("demo", help=f"score a handful of statements with {DEMO_MODEL}")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.set_defaults(func=cmd_demo)
+    for name, help_text in [("eval", "score a model on benchmarks under every protocol"),
+                            ("demo", f"the embedded default: {DEMO_MODEL} on five BIG-bench tasks, all protocols")]:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--model", default=DEMO_MODEL)
+        p.add_argument("--tasks", default=",".join(DEMO_TASKS))
+        p.add_argument("--protocols", default=",".join(DEMO_PROTOCOLS))
+        p.add_argument("--limit", type=int, default=DEMO_LIMIT if name == "demo" else None,
+                       help="the first N items of each task")
+        p.add_argument("--threshold", type=float, default=None, help="DCS loadings lc = 1, lw = t / (1 - t)")
+        p.add_argument("--output", default="results")
+        p.add_argument("--batch-size", type=int, default=16)
+        p.set_defaults(func=cmd_eval)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

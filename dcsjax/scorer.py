@@ -18,15 +18,15 @@ from flax import nnx
 
 from dcsjax.errors import InputError
 from dcsjax.kernels.logprobs import reduce_logprobs, token_logprobs
-from dcsjax.kernels.packing import BUCKET_MULTIPLE, DEFAULT_BUCKETS, make_batch, plan_batches, rows_per_batch
+from dcsjax.kernels.packing import BUCKET_MULTIPLE, DEFAULT_BUCKETS, Group, make_batch, plan_batches, rows_per_batch
 from dcsjax.nn.decoder import Decoder
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _batch_logprobs(graphdef, vocab_chunk: int, state, tokens, positions, segment_ids, targets):
-    """[B, T] float32: log p(targets[b, t] | row b up to t) for every position (junk where not a target)."""
+def _batch_logprobs(graphdef, vocab_chunk: int, state, tokens, positions, segment_ids, attend_to, targets):
+    """[B, T] float32: log p(targets[b, t] | what row b's token t sees) (junk where t has no target)."""
     model = nnx.merge(graphdef, state)
-    hidden = model(tokens, positions, segment_ids)  # [B, T, D]
+    hidden = model(tokens, positions, segment_ids, attend_to)  # [B, T, D]
     return token_logprobs(hidden, model.output_embedding, targets, vocab_chunk)
 
 
@@ -106,33 +106,72 @@ class Scorer:
         ctx = list(self.tokenizer(context, add_special_tokens=False)["input_ids"]) if context else []
         return ctx, list(self.tokenizer(continuation, add_special_tokens=False)["input_ids"])
 
+    def score_options(self, contexts: Sequence[str], options: Sequence[Sequence[str]],
+                      reduction: str = "sum") -> list[np.ndarray]:
+        """Per item, log p(option | document start, context) for each of its options, reduced.
+
+        The context is computed once per item: one row holds the context and then every option, each
+        option seeing the context and itself only, its positions continuing from the context's end.
+        Scores equal `score_continuations` on each (context, option) pair alone.
+        """
+        if len(contexts) != len(options):
+            raise InputError(f"{len(contexts)} contexts but {len(options)} option lists")
+        groups, owners = [], []  # owners[g] = [(item, option index)] scored by suffixes of group g
+        for i, (context, opts) in enumerate(zip(contexts, options)):
+            by_context: dict[tuple[int, ...], list[tuple[int, list[int]]]] = {}
+            for j, option in enumerate(opts):
+                ctx, cont = self.split_encode(context, option, j)
+                by_context.setdefault(tuple(ctx), []).append((j, cont))
+            for ctx, conts in by_context.items():  # one group per distinct context tokenisation (almost always one)
+                head = (self.document_start_id, *ctx)
+                # The prefix stops one token short; each suffix restarts with the context's last token, so
+                # that token's prediction of the option's first token is in the option's own segment.
+                groups.append(Group(head[:-1], tuple((head[-1], *cont) for _, cont in conts)))
+                owners.append([(i, j) for j, _ in conts])
+        parts = self._run_groups(groups)
+        out = [np.zeros(len(opts)) for opts in options]
+        for g, owner in enumerate(owners):
+            for (i, j), lp in zip(owner, parts[g][1]):
+                out[i][j] = reduce_logprobs(lp, reduction)
+        return out
+
     # ---------------------------------------------------------------------------------------- engine
     def logprobs_of_ids(self, id_lists: Sequence[Sequence[int]]) -> list[np.ndarray]:
-        seqs = [[self.document_start_id, *ids] for ids in id_lists]
-        for i, seq in enumerate(seqs):
-            if len(seq) > self.max_length:
+        parts = self._run_groups([Group((self.document_start_id, *ids)) for ids in id_lists])
+        return [prefix for prefix, _ in parts]
+
+    def _run_groups(self, groups: list[Group]) -> list[tuple[np.ndarray, list[np.ndarray]]]:
+        """Per group: the prefix's token log-probs and each suffix's (its first token is not scored)."""
+        for i, group in enumerate(groups):
+            if group.longest > self.max_length:
                 raise InputError(
-                    f"text {i} has {len(seq) - 1} tokens; with the document-start token that exceeds the "
+                    f"text {i} has {group.longest - 1} tokens; with the document-start token that exceeds the "
                     f"{self.max_length}-token limit of {self.name} (shorten it or split it)")
-        out: list[np.ndarray | None] = [None] * len(seqs)
-        plan = plan_batches([len(s) for s in seqs], self.batch_size, self.buckets, self.pack, self.max_batch_tokens)
+            if group.room > self.max_length:
+                raise InputError(f"item {i}: its context and all its options together exceed {self.max_length} tokens")
+        out = [(np.zeros(0, np.float32), [None] * len(g.suffixes)) for g in groups]
+        plan = plan_batches([g.room for g in groups], self.batch_size, self.buckets, self.pack, self.max_batch_tokens)
         pending = None  # one batch in flight while the next is being prepared
-        for bucket, rows in self._progress(plan, total=len(seqs)):
-            batch = make_batch(seqs, bucket, rows, rows_per_batch(bucket, self.batch_size, self.max_batch_tokens))
+        for bucket, rows in self._progress(plan, total=len(groups)):
+            batch = make_batch(groups, bucket, rows, rows_per_batch(bucket, self.batch_size, self.max_batch_tokens))
             result = _batch_logprobs(self._graphdef, self.vocab_chunk, self._state, *map(jnp.asarray, (
-                batch.tokens, batch.positions, batch.segment_ids, batch.targets)))
+                batch.tokens, batch.positions, batch.segment_ids, batch.attend_to, batch.targets)))
             if pending is not None:
                 self._collect(*pending, out)
             pending = (batch, result)
         if pending is not None:
             self._collect(*pending, out)
-        return out  # type: ignore[return-value]
+        return out
 
     @staticmethod
     def _collect(batch, result, out) -> None:
         lp = np.asarray(result)
-        for p in batch.placements:
-            out[p.seq] = lp[p.row, p.start:p.start + p.length - 1].astype(np.float32)
+        for s in batch.spans:
+            scored = lp[s.row, s.start:s.start + s.length - 1].astype(np.float32)
+            if s.part < 0:
+                out[s.group] = (scored, out[s.group][1])
+            else:
+                out[s.group][1][s.part] = scored
 
     def _progress(self, plan, total: int):
         if not self.progress:

@@ -17,10 +17,14 @@ def test_models_fetch_score(capsys):
     assert "-17.266" in out and "perplexity" in out
 
 
-def test_demo_prints_a_table(capsys):
-    assert main(["demo"]) == 0
+def test_eval_prints_a_table(capsys, tmp_path):
+    """The README's main job, on one task and a few items (`dcsjax demo` runs all five tasks)."""
+    assert main(["eval", "--tasks", "known_unknowns", "--protocols", "aps,dcs", "--limit", "4",
+                 "--output", str(tmp_path)]) == 0
     captured = capsys.readouterr()
-    assert "Water boils at 100 degrees Celsius" in captured.out and "scoring (" in captured.err
+    assert "known_unknowns  dcs" in captured.out and "95% CI" in captured.out
+    assert "known_unknowns dcs" in captured.err  # the progress bar
+    assert (tmp_path / "summary.json").exists()
 
 
 def test_errors_are_one_line_and_exit_2(capsys):

@@ -46,3 +46,31 @@ def test_progress_bar(smollm2, capsys):
     scorer = Scorer(smollm2.model, smollm2.tokenizer, smollm2.document_start_id, progress=True, name="smol")
     scorer.score(["One.", "Two."])
     assert "scoring (smol)" in capsys.readouterr().err
+
+
+def test_shared_question_equals_each_pair_alone(model_name):
+    """One row per item holds the question once and then every option; scores equal each pair alone."""
+    from conftest import scorer_for
+
+    scorer = scorer_for(model_name)
+    contexts = [
+        "On a shelf, there are three books: a black book, an orange book, and a blue book. The blue book is to "
+        "the right of the orange book. The orange book is to the right of the black book.\nAnswer:",
+        "Question: When was Abraham Lincoln born?\nAnswer:",
+        "Is the following statement true or false? Twinkies are edible for decades or longer.",
+    ]
+    options = [
+        [" The black book is the leftmost.", " The orange book is the leftmost.", " The blue book is the leftmost."],
+        [" February 12, 1809", " Unknown", " I don't know.", " 1809"],
+        [" T", " F"],
+    ]
+    shared = scorer.score_options(contexts, options)
+    alone = [scorer.score_continuations([c] * len(opts), opts) for c, opts in zip(contexts, options)]
+    for s, a in zip(shared, alone):
+        assert np.abs(s - a).max() < 1e-4
+    # and against transformers, pair by pair, for the first item (per token: the parity bound)
+    mean = scorer.score_options(contexts[:1], options[:1], reduction="mean")[0]
+    for option, score in zip(options[0], mean):
+        ctx_ids, cont_ids = scorer.split_encode(contexts[0], option)
+        ref, _ = reference_logprobs(model_name, [scorer.document_start_id, *ctx_ids, *cont_ids])
+        assert abs(score - ref[len(ctx_ids):].mean()) < 1e-4

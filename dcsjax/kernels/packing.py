@@ -22,12 +22,37 @@ ALIGN = 8
 DEFAULT_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
+def aligned(length: int) -> int:
+    """Room a part takes in a packed row: its length rounded up to a multiple of ALIGN."""
+    return -(-length // ALIGN) * ALIGN
+
+
 @dataclass(frozen=True)
-class Placement:
-    seq: int  # index of the sequence in the caller's list
-    row: int  # row within the batch
+class Group:
+    """A prefix, and suffixes that each continue it: a suffix sees the prefix and itself, not the other
+    suffixes, and its positions continue from the prefix's end. The prefix is computed once for all of
+    them (a shared question). A plain sequence is a group without suffixes."""
+
+    prefix: tuple[int, ...]
+    suffixes: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def room(self) -> int:
+        return aligned(len(self.prefix)) + sum(aligned(len(s)) for s in self.suffixes)
+
+    @property
+    def longest(self) -> int:
+        """The longest sequence it stands for: prefix + its longest suffix."""
+        return len(self.prefix) + max((len(s) for s in self.suffixes), default=0)
+
+
+@dataclass(frozen=True)
+class Span:
+    group: int  # index of the group in the caller's list
+    part: int  # -1: the prefix; j: suffix j
+    row: int
     start: int  # first token's column
-    length: int  # tokens, document-start token included
+    length: int
 
 
 @dataclass(frozen=True)
@@ -35,12 +60,13 @@ class Batch:
     tokens: np.ndarray  # [B, T] int32
     positions: np.ndarray  # [B, T] int32
     segment_ids: np.ndarray  # [B, T] int32, 0 = padding
-    targets: np.ndarray  # [B, T] int32: the next token of the same sequence (0 where there is none)
-    placements: tuple[Placement, ...]
+    attend_to: np.ndarray  # [B, T] int32: the prefix segment a suffix token may also see (0: none)
+    targets: np.ndarray  # [B, T] int32: the next token of the same part (0 where there is none)
+    spans: tuple[Span, ...]
 
     @property
     def real_tokens(self) -> int:
-        return int(sum(p.length for p in self.placements))
+        return int(sum(s.length for s in self.spans))
 
 
 def bucket_for(length: int, buckets: tuple[int, ...]) -> int:
@@ -50,20 +76,15 @@ def bucket_for(length: int, buckets: tuple[int, ...]) -> int:
     raise ValueError(f"length {length} exceeds the largest bucket {buckets[-1]}")
 
 
-def aligned(length: int) -> int:
-    """Room a sequence takes in a packed row: its length rounded up to a multiple of ALIGN."""
-    return -(-length // ALIGN) * ALIGN
-
-
-def pack_rows(lengths: list[int], indices: list[int], row_len: int, pack: bool) -> list[list[int]]:
-    """Rows (lists of sequence indices) of at most row_len tokens: best fit, longest first."""
-    order = sorted(indices, key=lambda i: (-lengths[i], i))
+def pack_rows(rooms: list[int], indices: list[int], row_len: int, pack: bool) -> list[list[int]]:
+    """Rows (lists of group indices) of at most row_len tokens: best fit, largest first."""
+    order = sorted(indices, key=lambda i: (-rooms[i], i))
     if not pack:
         return [[i] for i in order]
     rows: list[list[int]] = []
     free: dict[int, list[int]] = defaultdict(list)  # remaining capacity -> rows with exactly that room
     for i in order:
-        n = min(aligned(lengths[i]), row_len)
+        n = rooms[i]
         room = next((c for c in range(n, row_len + 1) if free[c]), None)
         if room is None:
             rows.append([])
@@ -76,7 +97,7 @@ def pack_rows(lengths: list[int], indices: list[int], row_len: int, pack: bool) 
     return rows
 
 
-def plan_batches(lengths: list[int], batch_size: int, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+def plan_batches(rooms: list[int], batch_size: int, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
                  pack: bool = True, max_batch_tokens: int | None = None) -> list[tuple[int, list[list[int]]]]:
     """[(bucket, rows of one batch)], shortest bucket first; a last partial batch is padded later.
 
@@ -84,11 +105,11 @@ def plan_batches(lengths: list[int], batch_size: int, buckets: tuple[int, ...] =
     bounded; the row count is still fixed per bucket, so each bucket compiles once.
     """
     by_bucket: dict[int, list[int]] = defaultdict(list)
-    for i, n in enumerate(lengths):
+    for i, n in enumerate(rooms):
         by_bucket[bucket_for(n, buckets)].append(i)
     plan = []
     for bucket in sorted(by_bucket):
-        rows = pack_rows(lengths, by_bucket[bucket], bucket, pack)
+        rows = pack_rows(rooms, by_bucket[bucket], bucket, pack)
         size = rows_per_batch(bucket, batch_size, max_batch_tokens)
         plan += [(bucket, rows[s:s + size]) for s in range(0, len(rows), size)]
     return plan
@@ -100,20 +121,30 @@ def rows_per_batch(bucket: int, batch_size: int, max_batch_tokens: int | None) -
     return max(1, min(batch_size, max_batch_tokens // bucket))
 
 
-def make_batch(seqs: list[list[int]], bucket: int, rows: list[list[int]], batch_rows: int) -> Batch:
+def make_batch(groups: list[Group], bucket: int, rows: list[list[int]], batch_rows: int) -> Batch:
     shape = (batch_rows, bucket)
-    tokens, positions, segments, targets = (np.zeros(shape, np.int32) for _ in range(4))
-    placements = []
+    tokens, positions, segments, attend_to, targets = (np.zeros(shape, np.int32) for _ in range(5))
+    spans = []
     for r, row in enumerate(rows):
-        start = 0
-        for segment, i in enumerate(row, start=1):
-            seq = seqs[i]
-            n = len(seq)
-            end = start + n
-            tokens[r, start:end] = seq
-            positions[r, start:end] = np.arange(n)
-            segments[r, start:end] = segment
-            targets[r, start:end - 1] = seq[1:]
-            placements.append(Placement(i, r, start, n))
-            start = start + aligned(n)
-    return Batch(tokens, positions, segments, targets, tuple(placements))
+        start, segment = 0, 0
+        for g in row:
+            group = groups[g]
+            prefix_segment = 0
+            for part, seq in [(-1, group.prefix), *enumerate(group.suffixes)]:
+                n = len(seq)
+                if n == 0:
+                    continue
+                segment += 1
+                end = start + n
+                tokens[r, start:end] = seq
+                offset = len(group.prefix) if part >= 0 else 0
+                positions[r, start:end] = offset + np.arange(n)
+                segments[r, start:end] = segment
+                targets[r, start:end - 1] = seq[1:]
+                if part == -1:
+                    prefix_segment = segment
+                else:
+                    attend_to[r, start:end] = prefix_segment
+                spans.append(Span(g, part, r, start, n))
+                start += aligned(n)
+    return Batch(tokens, positions, segments, attend_to, targets, tuple(spans))

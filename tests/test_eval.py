@@ -1,0 +1,65 @@
+"""`dcsjax eval`: per-item JSONL, summary and table; a run killed by SIGKILL resumes to identical files."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import scorer_for
+from dcsjax.evaluate import bootstrap_ci, format_table, read_records, run_eval
+
+TASK, PROTOCOLS, LIMIT = "known_unknowns", ["dcs", "aps"], 24
+
+
+def files(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*.jsonl"))}
+
+
+def test_eval_writes_records_summary_and_table(tmp_path):
+    summary = run_eval("smollm2-135m-instruct", [TASK], PROTOCOLS + ["mcqa", "dcs-letters"], tmp_path, limit=LIMIT,
+                       scorer=scorer_for("smollm2-135m-instruct"), progress=False)
+    rows = {r["protocol"]: r for r in summary["rows"]}
+    assert set(rows) == {"dcs", "aps", "mcqa", "dcs-letters"} and all(r["n"] == LIMIT for r in rows.values())
+    low, high = rows["dcs"]["ci95"]
+    assert -1 <= low <= rows["dcs"]["value"] <= high <= 1
+    records = read_records(tmp_path / "smollm2-135m-instruct" / "known_unknowns" / "dcs.jsonl")
+    assert len(records) == LIMIT and len({r["id"] for r in records}) == LIMIT
+    for r in records:  # a distribution over the options, IDK included
+        assert abs(sum(r["probs"]) - 1) < 1e-5 and r["idk_index"] == 1
+        assert abs(r["p_correct"] + r["p_wrong"] + r["p_idk"] - 1) < 1e-5
+    letters = read_records(tmp_path / "smollm2-135m-instruct" / "known_unknowns" / "dcs-letters.jsonl")
+    assert all(0 < r["letter_mass"] <= 1 for r in letters)
+    assert "known_unknowns" in format_table(summary)
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+
+
+def test_resume_after_sigkill_gives_identical_files(tmp_path):
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    run_eval("smollm2-135m-instruct", [TASK], PROTOCOLS, whole, limit=LIMIT,
+             scorer=scorer_for("smollm2-135m-instruct"), progress=False, chunk=4)
+    code = (f"from dcsjax.evaluate import run_eval; run_eval('smollm2-135m-instruct', [{TASK!r}], {PROTOCOLS!r}, "
+            f"{str(broken)!r}, limit={LIMIT}, progress=False, chunk=4)")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=os.environ.copy())
+    target = broken / "smollm2-135m-instruct" / "known_unknowns" / "dcs.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and (not target.exists() or len(target.read_bytes().splitlines()) < 8):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    written = len(target.read_bytes().splitlines())
+    assert 8 <= written < LIMIT, "the kill came before the run had written a part of its items"
+    with target.open("ab") as f:  # as if the kill had cut a line in half
+        f.write(b'{"id": "known_unknowns/9')
+    run_eval("smollm2-135m-instruct", [TASK], PROTOCOLS, broken, limit=LIMIT,
+             scorer=scorer_for("smollm2-135m-instruct"), progress=False, chunk=4)
+    assert files(broken) == files(whole)
+
+
+def test_bootstrap_interval():
+    low, high = bootstrap_ci([0.0, 1.0] * 50)
+    assert 0.38 < low < 0.5 < high < 0.62
+    assert bootstrap_ci([0.3] * 10) == pytest.approx((0.3, 0.3))

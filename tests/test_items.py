@@ -1,0 +1,72 @@
+"""The item format and BIG-bench, read from the real sdist; bad rows become error records, never dropped."""
+
+import json
+
+import pytest
+
+from dcsjax.data import bigbench
+from dcsjax.data.items import Item, ItemError, check_item
+from dcsjax.data.tasks import load_task, resolve_task, statements_for
+
+GOOD = Item(id="x", question="2 + 2 =", choices=("3", "4"), correct=(1,))
+
+
+@pytest.mark.parametrize("change,reason", [
+    (dict(question=""), "empty question"),
+    (dict(choices=("4",), correct=(0,)), "fewer than two options"),
+    (dict(correct=(2,)), "out of range"),
+    (dict(correct=()), "no correct option"),
+    (dict(choices=("4", " 4")), "duplicate option"),
+    (dict(choices=("3", "")), "option 1 is empty"),
+    (dict(statements=("Two and two make three.",)), "1 statements for 2 options"),
+])
+def test_check_item_names_the_reason(change, reason):
+    from dataclasses import replace
+
+    assert check_item(GOOD, "f:1") is GOOD
+    error = check_item(replace(GOOD, **change), "f:1")
+    assert isinstance(error, ItemError) and reason in error.reason and error.where == "f:1"
+
+
+def test_known_unknowns_has_its_idk_choice():
+    items, errors = load_task(resolve_task("bigbench:known_unknowns"))
+    assert len(items) == 46 and not errors
+    unanswerable = [i for i in items if not i.answerable]
+    assert unanswerable and all(i.choices[i.idk].strip() == "Unknown" for i in items)
+    first = items[0]
+    assert first.question == "How often did Abraham Lincoln cut his toenails?"
+    assert first.choices == ("Every Saturday night", "Unknown") and first.correct == (1,) and first.idk == 1
+
+
+def test_subtasks_prefix_and_statements():
+    items, _ = load_task(resolve_task("logical_deduction_three_objects"))
+    assert len(items) == 300 and items[0].statements == items[0].choices
+    assert items[0].question.startswith("The following paragraphs each describe a set of three objects")
+    whole, _ = bigbench.bigbench_items("logical_deduction")
+    assert len(whole) == 300 + 500 + 700  # three, five and seven objects
+    card = resolve_task("known_unknowns")
+    assert statements_for(card)(load_task(card)[0][0])[1] == "Q: How often did Abraham Lincoln cut his toenails?\nA: Unknown"
+
+
+def test_bad_examples_are_reported(tmp_path, monkeypatch):
+    root = tmp_path / "benchmark_tasks"
+    (root / "toy").mkdir(parents=True)
+    examples = [
+        {"input": "fine", "target_scores": {"a": 1, "b": 0}},
+        {"input": "no correct option", "target_scores": {"a": 0, "b": 0}},
+        {"input": "generative", "target": "x"},
+        {"input": "dup", "target_scores": {"a": 1, "a ": 0}},
+        {"input": "two correct", "target_scores": {"a": 1, "b": 1, "c": 0}},
+    ]
+    (root / "toy" / "task.json").write_text(json.dumps({"examples": examples}))
+    monkeypatch.setattr(bigbench, "fetch_bigbench", lambda quiet=False: root)
+    items, errors = bigbench.bigbench_items("toy")
+    assert [i.id for i in items] == ["toy/0", "toy/4"] and items[1].correct == (0, 1)
+    assert [e.reason.split(" ")[0] for e in errors] == ["no", "no", "duplicate"]
+    assert all("example" in e.where for e in errors)
+    (root / "broken").mkdir()
+    (root / "broken" / "task.json").write_text('{"examples": [')
+    with pytest.raises(Exception, match="broken JSON at line 1"):
+        bigbench.bigbench_items("broken")
+    with pytest.raises(Exception, match="no task 'tyo'"):
+        bigbench.bigbench_items("tyo")
