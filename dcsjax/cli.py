@@ -11,7 +11,7 @@ from dcsjax.errors import DcsjaxError
 DEMO_MODEL = "smollm2-135m-instruct"
 DEMO_TASKS = ("known_unknowns", "logical_deduction_three_objects", "misconceptions", "hindu_knowledge",
               "general_knowledge")
-DEMO_PROTOCOLS = ("aps", "mcqa", "dcs", "dcs-letters")
+DEMO_PROTOCOLS = ("aps", "mcqa", "apx", "dcs", "dcs-letters")
 DEMO_LIMIT = 60
 
 

@@ -18,9 +18,10 @@ import numpy as np
 
 from dcsjax.data.tasks import load_task, resolve_task, statements_for
 from dcsjax.kernels.dcs import loadings_from_threshold
+from dcsjax.protocols.apx import run_apx
 from dcsjax.protocols.likelihood import run_aps, run_dcs_letters, run_dcs_sequences, run_mcqa
 
-PROTOCOLS = ("aps", "mcqa", "dcs", "dcs-letters")
+PROTOCOLS = ("aps", "mcqa", "apx", "dcs", "dcs-letters")
 CHUNK = 32  # items per write: small enough to lose little on a kill, large enough to fill batches
 
 
@@ -69,6 +70,8 @@ def run_protocol(protocol: str, scorer, items, card, lc: float, lw: float) -> li
         return run_aps(scorer, items, statements_for(card))
     if protocol == "mcqa":
         return run_mcqa(scorer, items)
+    if protocol == "apx":
+        return run_apx(scorer, items)
     if protocol == "dcs":
         return run_dcs_sequences(scorer, items, lc, lw)
     if protocol == "dcs-letters":
@@ -83,6 +86,9 @@ def summarise(protocol: str, records: list[dict]) -> dict[str, float]:
                 "ppl_delta": np.mean([r["ppl_delta"] for r in records])}
     if protocol == "mcqa":
         return {f"accuracy_{k}": np.mean([r["correct"][k] for r in records]) for k in ("sum", "token", "char", "byte")}
+    if protocol == "apx":
+        return {"accuracy": np.mean([r["correct"] for r in records]),
+                "parse_failures": np.mean([r["parse_error"] is not None for r in records])}
     answered = [r for r in records if not r["abstained"]]
     return {
         "dcs": np.mean([r["dcs"] for r in records]),
@@ -94,7 +100,7 @@ def summarise(protocol: str, records: list[dict]) -> dict[str, float]:
 
 
 def headline_values(protocol: str, records: list[dict]) -> list[float]:
-    if protocol == "aps":
+    if protocol in ("aps", "apx"):
         return [float(r["correct"]) for r in records]
     if protocol == "mcqa":
         return [float(r["correct"]["sum"]) for r in records]

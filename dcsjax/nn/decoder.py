@@ -83,12 +83,13 @@ class Decoder(nnx.Module):
         return (self.embed if self.config.tie_embeddings else self.unembed)[...]
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,
-                 attend_to: jax.Array | None = None, *, remat: bool = False) -> jax.Array:
+                 attend_to: jax.Array | None = None, *, remat: bool = False, return_kv: bool = False):
         """Final hidden states [B, T, D] of rows of tokens [B, T].
 
         positions [B, T]: RoPE positions. segment_ids [B, T]: 0 is padding; a token attends to earlier
         tokens of its own segment and, if `attend_to` [B, T] names one, of that segment too (a shared
-        question that several option segments continue).
+        question that several option segments continue). With return_kv, also every layer's keys and
+        values [L, B, T, N, K] (a prefill for `decode_step`).
         """
         c = self.config
         embed = self.embed[...]
@@ -100,14 +101,39 @@ class Decoder(nnx.Module):
 
         def block(x, layer):
             p, local = layer
-            x = decoder_block(c, p, x, Rope(*(jnp.where(local, lo, gl) for lo, gl in zip(ropes.local, ropes.glob))),
-                              jnp.where(local, masks.local, masks.glob))
-            return x, None
+            x, kv = decoder_block(c, p, x, Rope(*(jnp.where(local, lo, gl) for lo, gl in zip(ropes.local, ropes.glob))),
+                                  jnp.where(local, masks.local, masks.glob))
+            return x, (kv if return_kv else None)
 
         if remat:
             block = jax.checkpoint(block)
-        x, _ = jax.lax.scan(block, x, (params, is_local))
-        return rms_norm(x, self.final_norm[...], c.rms_eps, c.norm_offset)
+        x, kv = jax.lax.scan(block, x, (params, is_local))
+        hidden = rms_norm(x, self.final_norm[...], c.rms_eps, c.norm_offset)
+        return (hidden, kv) if return_kv else hidden
+
+    def decode_step(self, tokens: jax.Array, positions: jax.Array, cache_k: jax.Array, cache_v: jax.Array):
+        """One new token per row with a KV cache: tokens, positions [B] (a row's next position is also the
+        cache slot it writes); cache_k, cache_v [L, B, S, N, K] -> (hidden [B, D], cache_k, cache_v).
+        Slots past a row's position are masked, so a right-padded prefill's padding is never seen."""
+        c = self.config
+        embed = self.embed[...]
+        x = embed[tokens][:, None] * jnp.asarray(c.embed_scale, embed.dtype)  # [B, 1, D]
+        slots = jnp.arange(cache_k.shape[2])
+        glob = (slots[None, :] <= positions[:, None])[:, None, :]  # [B, 1, S]
+        local = glob & ((positions[:, None] - slots[None, :]) < (c.sliding_window or 1 << 30))[:, None, :]
+        ropes = rope_tables(c, positions[:, None])
+        write = (slots[None, :] == positions[:, None])[:, :, None, None]  # [B, S, 1, 1]
+
+        def block(x, layer):
+            p, is_local, k_cache, v_cache = layer
+            rope = Rope(*(jnp.where(is_local, lo, gl) for lo, gl in zip(ropes.local, ropes.glob)))
+            x, (k_cache, v_cache) = decoder_block(c, p, x, rope, jnp.where(is_local, local, glob),
+                                                  cache=(k_cache, v_cache, write))
+            return x, (k_cache, v_cache)
+
+        x, (cache_k, cache_v) = jax.lax.scan(block, x, (self.layers.arrays(), jnp.asarray(c.local_layers),
+                                                         cache_k, cache_v))
+        return rms_norm(x, self.final_norm[...], c.rms_eps, c.norm_offset)[:, 0], cache_k, cache_v
 
 
 class Rope(NamedTuple):
@@ -177,7 +203,9 @@ def apply_rope(x: jax.Array, rope: Rope) -> jax.Array:
     return (x.astype(F32) * cos + rotated.astype(F32) * sin).astype(x.dtype)
 
 
-def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array) -> jax.Array:
+def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, cache=None):
+    """-> (output [B, T, D], (keys, values) [B, S, N, K]). With a cache (k, v [B, S, N, K], write [B, S, 1, 1]),
+    the new keys and values are written into their slots and the queries attend over the whole cache."""
     b, t, _ = x.shape
     n, g = c.num_kv_heads, c.num_heads // c.num_kv_heads
     q = jnp.einsum("btd,dhk->bthk", x, p["q"])  # [B, T, H, K]
@@ -189,13 +217,16 @@ def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Arr
         q = rms_norm(q, p["q_norm"], c.rms_eps, c.norm_offset)
         k = rms_norm(k, p["k_norm"], c.rms_eps, c.norm_offset)
     q, k = apply_rope(q, rope), apply_rope(k, rope)
+    if cache is not None:
+        k_cache, v_cache, write = cache
+        k, v = jnp.where(write, k, k_cache), jnp.where(write, v, v_cache)
     q = q.reshape(b, t, n, g, c.head_dim)  # [B, T, N, G, K]
     scores = jnp.einsum("btngk,bsnk->bngts", q, k, preferred_element_type=F32) * c.attn_scale
     scores = jnp.where(mask[:, None, None], scores, MASKED)  # [B, N, G, T, S]
     unnormed = jnp.exp(scores - scores.max(axis=-1, keepdims=True))  # a max is exact in any order
     probs = (unnormed / row_sum(unnormed)[..., None]).astype(v.dtype)
     out = jnp.einsum("bngts,bsnk->btngk", probs, v).reshape(b, t, c.num_heads, c.head_dim)
-    return jnp.einsum("bthk,hkd->btd", out, p["o"])
+    return jnp.einsum("bthk,hkd->btd", out, p["o"]), (k, v)
 
 
 def mlp(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
@@ -205,9 +236,10 @@ def mlp(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
     return jnp.einsum("btf,fd->btd", act * up, p["down"])
 
 
-def decoder_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array) -> jax.Array:
+def decoder_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, cache=None):
+    """-> (x [B, T, D], this layer's (keys, values))."""
     norm = lambda y, w: rms_norm(y, p[w], c.rms_eps, c.norm_offset)  # noqa: E731
-    h = attention(c, p, norm(x, "attn_norm"), rope, mask)
+    h, kv = attention(c, p, norm(x, "attn_norm"), rope, mask, cache)
     x = x + (norm(h, "post_attn_norm") if c.is_gemma else h)
     h = mlp(c, p, norm(x, "mlp_norm"))
-    return x + (norm(h, "post_mlp_norm") if c.is_gemma else h)
+    return x + (norm(h, "post_mlp_norm") if c.is_gemma else h), kv
