@@ -70,3 +70,25 @@ def test_bad_examples_are_reported(tmp_path, monkeypatch):
         bigbench.bigbench_items("broken")
     with pytest.raises(Exception, match="no task 'tyo'"):
         bigbench.bigbench_items("tyo")
+
+
+def test_local_jsonl_file_reports_every_bad_line(tmp_path):
+    from dcsjax.data.tasks import resolve_task
+
+    rows = [
+        '{"id": "ok", "question": "2 + 2 =", "choices": ["3", "4"], "answer": "B"}',
+        '{"question": "no choices", "answer": 0}',
+        '{"question": "label out of range", "choices": ["a", "b"], "answer": 5}',
+        '{"question": "one option", "choices": ["a"], "answer": 0}',
+        '{"question": "duplicates", "choices": ["a", "a"], "answer": 0}',
+        '{"question": "", "choices": ["a", "b"], "answer": 0}',
+        '{"question": "broken", "choices": ["a", "b"], "answer": 0',
+        '',
+        '{"question": "several", "choices": ["a", "b", "c"], "answer": [0, "C"], "idk": 1}',
+    ]
+    path = tmp_path / "bench.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    items, errors = load_task(resolve_task(f"jsonl:{path}"))
+    assert [i.id for i in items] == ["ok", "bench/9"] and items[0].correct == (1,) and items[1].correct == (0, 2)
+    assert [(e.where.rsplit(":", 1)[1], e.reason.split(" ")[0]) for e in errors] == [
+        ("2", "missing"), ("3", "correct"), ("4", "fewer"), ("5", "duplicate"), ("6", "empty"), ("7", "broken")]

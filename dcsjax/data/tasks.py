@@ -51,7 +51,12 @@ def resolve_task(task: str) -> BenchmarkCard:
             return card
     if task.startswith("bigbench:"):
         return BenchmarkCard(name=task.removeprefix("bigbench:").replace("/", "_"), source=task)
-    raise DcsjaxError(f"unknown task {task!r}: not a benchmark card ({', '.join(cards)}) nor bigbench:<task>")
+    if task.startswith("jsonl:"):
+        from pathlib import Path
+
+        return BenchmarkCard(name=Path(task.removeprefix("jsonl:")).stem, source=task)
+    raise DcsjaxError(f"unknown task {task!r}: not a benchmark card ({', '.join(cards)}), bigbench:<task> "
+                      "nor jsonl:<file>")
 
 
 def load_task(card: BenchmarkCard) -> tuple[list[Item], list[ItemError]]:
@@ -59,6 +64,10 @@ def load_task(card: BenchmarkCard) -> tuple[list[Item], list[ItemError]]:
         from dcsjax.data.bigbench import bigbench_items
 
         items, errors = bigbench_items(card.source.removeprefix("bigbench:"), card.idk_choice)
+    elif card.source.startswith("jsonl:"):
+        from dcsjax.data.jsonl import jsonl_items
+
+        items, errors = jsonl_items(card.source.removeprefix("jsonl:"))
     else:
         raise DcsjaxError(f"card {card.name}: source {card.source!r} is not supported")
     if card.statements == "choices":
@@ -69,4 +78,7 @@ def load_task(card: BenchmarkCard) -> tuple[list[Item], list[ItemError]]:
 def statements_for(card: BenchmarkCard) -> Callable[[Item], list[str]]:
     if card.statements == "choices":
         return lambda item: list(item.statements or item.choices)
+    if card.source.startswith("jsonl:"):  # a file's own statements, where it has them
+        return lambda item: list(item.statements) if item.statements else [
+            card.statement_template.format(question=item.question, choice=c) for c in item.choices]
     return lambda item: [card.statement_template.format(question=item.question, choice=c) for c in item.choices]
