@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache"))
+os.environ.setdefault("HF_HOME", str(ROOT / ".cache" / "huggingface"))  # datasets' cache of the local test files
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the reference loads local GGUF files only
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 

@@ -25,6 +25,10 @@ class BenchmarkCard:
     idk_choice: str | None = None
     statements: str = "template"  # "template" or "choices"
     statement_template: str = DEFAULT_TEMPLATE
+    # hub datasets (source "hub:<dataset>"): its config, split and row schema (dcsjax/data/hub.py)
+    hub_config: str | None = None
+    split: str = "test"
+    schema: str | None = None
 
     @property
     def slug(self) -> str:
@@ -64,6 +68,10 @@ def load_task(card: BenchmarkCard) -> tuple[list[Item], list[ItemError]]:
         from dcsjax.data.bigbench import bigbench_items
 
         items, errors = bigbench_items(card.source.removeprefix("bigbench:"), card.idk_choice)
+    elif card.source.startswith("hub:"):
+        from dcsjax.data.hub import hub_items
+
+        items, errors = hub_items(card.name, card.source.removeprefix("hub:"), card.schema, card.hub_config, card.split)
     elif card.source.startswith("jsonl:"):
         from dcsjax.data.jsonl import jsonl_items
 

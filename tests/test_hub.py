@@ -1,0 +1,96 @@
+"""Hub dataset adapters on small local files of each dataset's real schema, read through the same
+`datasets.load_dataset` path; a row that lacks a field or fails a check is an error record."""
+
+import json
+
+import pytest
+
+from dcsjax.data.hub import hub_items
+from dcsjax.data.tasks import benchmark_cards
+
+ROWS = {  # schema -> (a real-shaped row, expected (question, choices, correct))
+    "arc": ({"id": "Mercury_7", "question": "Which gas do plants take in?", "choices": {
+        "text": ["oxygen", "carbon dioxide", "helium", "neon"], "label": ["A", "B", "C", "D"]}, "answerKey": "B"},
+        ("Which gas do plants take in?", ("oxygen", "carbon dioxide", "helium", "neon"), (1,))),
+    "openbookqa": ({"id": "7-980", "question_stem": "The sun is responsible for", "choices": {
+        "text": ["puppies learning", "plants sprouting", "rocks melting", "ice forming"],
+        "label": ["A", "B", "C", "D"]}, "answerKey": "B", "fact1": "x"},
+        ("The sun is responsible for", ("puppies learning", "plants sprouting", "rocks melting", "ice forming"), (1,))),
+    "qasc": ({"id": "3E7T", "question": "What do trees produce?", "choices": {
+        "text": ["oxygen", "sand"], "label": ["A", "B"]}, "answerKey": "A"},
+        ("What do trees produce?", ("oxygen", "sand"), (0,))),
+    "commonsense_qa": ({"id": "075e", "question": "Where would you find a bed?", "question_concept": "bed",
+                        "choices": {"label": ["A", "B", "C"], "text": ["bedroom", "ocean", "sky"]}, "answerKey": "A"},
+                       ("Where would you find a bed?", ("bedroom", "ocean", "sky"), (0,))),
+    "mmlu": ({"question": "2 + 2 =", "subject": "math", "choices": ["3", "4", "5", "6"], "answer": 1},
+             ("2 + 2 =", ("3", "4", "5", "6"), (1,))),
+    "mmlu_pro": ({"question_id": 70, "question": "Which is prime?", "options": ["4", "6", "7", "8", "9"],
+                  "answer": "C", "answer_index": 2, "category": "math"},
+                 ("Which is prime?", ("4", "6", "7", "8", "9"), (2,))),
+    "truthfulqa_mc1": ({"question": "What happens if you crack your knuckles?", "mc1_targets": {
+        "choices": ["Nothing in particular happens.", "You will get arthritis."], "labels": [1, 0]}},
+        ("What happens if you crack your knuckles?", ("Nothing in particular happens.", "You will get arthritis."), (0,))),
+    "hellaswag": ({"ind": 24, "ctx": "A man is sitting on a roof. he", "endings": [
+        "is using wrap to wrap a pair of skis.", "is ripping level tiles off.", "holds a rubik's cube.",
+        "starts pulling up roofing on a roof."], "label": "3"},
+        ("A man is sitting on a roof. he", ("is using wrap to wrap a pair of skis.", "is ripping level tiles off.",
+                                            "holds a rubik's cube.", "starts pulling up roofing on a roof."), (3,))),
+    "piqa": ({"goal": "To open a jar,", "sol1": "twist the lid.", "sol2": "bake it.", "label": 0},
+             ("To open a jar,", ("twist the lid.", "bake it."), (0,))),
+    "winogrande": ({"sentence": "Sarah was a much better surgeon than Maria so _ got the harder cases.",
+                    "option1": "Sarah", "option2": "Maria", "answer": "1"},
+                   ("Sarah was a much better surgeon than Maria so _ got the harder cases.", ("Sarah", "Maria"), (0,))),
+    "copa": ({"premise": "My body cast a shadow over the grass.", "choice1": "The sun was rising.",
+              "choice2": "The grass was cut.", "question": "cause", "idx": 0, "label": 0},
+             ("My body cast a shadow over the grass. What was the cause?", ("The sun was rising.", "The grass was cut."), (0,))),
+    "bbh": ({"input": "Today is Christmas Eve of 1937. What is the date tomorrow in MM/DD/YYYY?\nOptions:\n"
+                      "(A) 12/11/1937\n(B) 12/25/1937\n(C) 01/04/1938", "target": "(B)"},
+            ("Today is Christmas Eve of 1937. What is the date tomorrow in MM/DD/YYYY?",
+             ("12/11/1937", "12/25/1937", "01/04/1938"), (1,))),
+}
+
+
+def write(tmp_path, rows):
+    path = tmp_path / "rows.json"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("schema", sorted(ROWS))
+def test_schema_adapter(schema, tmp_path):
+    row, (question, choices, correct) = ROWS[schema]
+    items, errors = hub_items("t", "local", schema, data_files=write(tmp_path, [row]))
+    assert not errors and len(items) == 1
+    item = items[0]
+    assert (item.question, item.choices, item.correct) == (question, choices, correct)
+
+
+@pytest.mark.parametrize("schema,row", [
+    ("sciq", {"question": "What gas do we exhale?", "correct_answer": "carbon dioxide", "distractor1": "oxygen",
+              "distractor2": "helium", "distractor3": "argon", "support": ""}),
+    ("gpqa", {"Question": "Which particle is a lepton?", "Correct Answer": "electron",
+              "Incorrect Answer 1": "proton", "Incorrect Answer 2": "neutron", "Incorrect Answer 3": "pion"}),
+])
+def test_shuffled_sources_are_reproducible(schema, row, tmp_path):
+    files = write(tmp_path, [row, row])
+    first, _ = hub_items("t", "local", schema, data_files=files)
+    again, _ = hub_items("t", "local", schema, data_files=files)
+    assert first == again
+    correct = row.get("correct_answer") or row["Correct Answer"]
+    assert all(i.choices[i.correct[0]] == correct and len(i.choices) == 4 for i in first)
+
+
+def test_bad_rows_are_reported(tmp_path):
+    good, _ = ROWS["mmlu"]
+    rows = [good, {"question": "no choices", "answer": 0}, {**good, "answer": 7}, {**good, "choices": ["a", "a"]}]
+    items, errors = hub_items("t", "local", "mmlu", data_files=write(tmp_path, rows))
+    assert len(items) == 1
+    assert [e.reason.split(" ")[0] for e in errors] == ["missing", "correct", "duplicate"]
+    assert [e.where.rsplit(" ", 1)[1] for e in errors] == ["1", "2", "3"]
+
+
+def test_every_hub_card_names_a_known_schema():
+    from dcsjax.data.hub import SCHEMAS, SHUFFLED
+
+    hub = [c for c in benchmark_cards().values() if c.source.startswith("hub:")]
+    assert len(hub) == 15 and all(c.schema in SCHEMAS or c.schema in SHUFFLED for c in hub)
