@@ -50,3 +50,21 @@ def test_elementwise_dcs_and_loadings():
                                [(0.5 - 0.9) * 0.8, (0.2 - 0.6) * 0.4])
     with pytest.raises(ValueError):
         loadings_from_threshold(1.0)
+
+
+def test_letters_prompt_uses_the_chat_template_of_instruct_models():
+    from conftest import scorer_for
+    from dcsjax.data.items import Item
+    from dcsjax.protocols.likelihood import letters_context
+
+    item = Item(id="x", question="When was Abraham Lincoln born?", choices=("February 12, 1809", "Unknown"),
+                correct=(0,), idk=1)
+    smol = scorer_for("smollm2-135m-instruct")
+    context, letters, idk = letters_context(smol, item, 1.0, 3.0)
+    assert context.endswith("<|im_start|>assistant\n") and letters == ["A", "B"] and idk == 1
+    assert "a wrong answer costs 3 points" in context and "B. Unknown" in context
+    for letter in letters:  # each letter is one token after the prompt, so these are next-token probabilities
+        assert len(smol.split_encode(context, letter)[1]) == 1
+    gemma = scorer_for("gemma3-270m")  # a base model: completes "Answer:"
+    context, letters, _ = letters_context(gemma, item, 1.0, 1.0)
+    assert context.endswith("Answer:") and letters == [" A", " B"] and "C. I don't know." not in context

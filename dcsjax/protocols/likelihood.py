@@ -128,14 +128,27 @@ def letters_prompt(item: Item, lc: float, lw: float) -> tuple[str, list[str], in
     return "\n".join(lines), letters, idk
 
 
+def letters_context(scorer, item: Item, lc: float, lw: float) -> tuple[str, list[str], int]:
+    """(context, letter continuations, IDK index). An instruct model with a chat template is asked through
+    it, and its answer starts the assistant turn ("A"); others complete "Answer:" (" A")."""
+    prompt, letters, idk = letters_prompt(item, lc, lw)
+    instruct = scorer.card.is_instruct if scorer.card is not None else False
+    if instruct and scorer.tokenizer.chat_template:
+        body = prompt.rsplit("\nAnswer:", 1)[0]
+        text = scorer.tokenizer.apply_chat_template([{"role": "user", "content": body}], add_generation_prompt=True,
+                                                    tokenize=False)
+        return text, letters, idk
+    return prompt, [" " + letter for letter in letters], idk
+
+
 def run_dcs_letters(scorer, items: Sequence[Item], lc: float = 1.0, lw: float = 1.0) -> list[dict]:
     """The next-token probabilities of the option letters after the prompt, renormalised over the letters;
     the mass the letters received is recorded (`letter_mass`)."""
     prompts, letter_lists, idk_index = [], [], []
     for item in items:
-        prompt, letters, idk = letters_prompt(item, lc, lw)
+        prompt, letters, idk = letters_context(scorer, item, lc, lw)
         prompts.append(prompt)
-        letter_lists.append([" " + l for l in letters])
+        letter_lists.append(letters)
         idk_index.append(idk)
     scores = scorer.score_options(prompts, letter_lists) if items else []
     extra = [{"letter_mass": float(sum(math.exp(s) for s in x))} for x in scores]
