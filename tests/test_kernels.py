@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import PASSAGE, scorer_for
+from conftest import PASSAGE
 from dcsjax.kernels.logprobs import reduce_logprobs, token_logprobs
 from dcsjax.scorer import _batch_logprobs
 

@@ -121,7 +121,7 @@ def letters_prompt(item: Item, lc: float, lw: float) -> tuple[str, list[str], in
         idk = item.idk
     letters = list(LETTERS[: len(choices)])
     cost = lw / lc
-    lines = [f"Question: {item.question}", "Options:"] + [f"{l}. {c}" for l, c in zip(letters, choices)]
+    lines = [f"Question: {item.question}", "Options:"] + [f"{letter}. {c}" for letter, c in zip(letters, choices)]
     lines.append(f"A correct answer earns 1 point, a wrong answer costs {cost:g} point{'s' if cost != 1 else ''}, "
                  f"and answering {letters[idk]} (I don't know) costs nothing. Answer with the letter only.")
     lines.append("Answer:")
