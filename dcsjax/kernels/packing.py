@@ -64,10 +64,6 @@ class Batch:
     targets: np.ndarray  # [B, T] int32: the next token of the same part (0 where there is none)
     spans: tuple[Span, ...]
 
-    @property
-    def real_tokens(self) -> int:
-        return int(sum(s.length for s in self.spans))
-
 
 def bucket_for(length: int, buckets: tuple[int, ...]) -> int:
     for b in buckets:

@@ -73,12 +73,6 @@ class DecoderConfig:
     def local_layers(self) -> tuple[bool, ...]:
         return self.layer_is_local or (False,) * self.num_layers
 
-    def forward_flops_per_token(self) -> int:
-        """2 x matmul parameters (attention over the context not included)."""
-        d, h, kv, k, f = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, self.mlp_size
-        per_layer = d * (h + 2 * kv) * k + h * k * d + 3 * d * f
-        return 2 * (self.num_layers * per_layer + self.vocab_size * d)
-
 
 # --------------------------------------------------------------------------------------------------
 # GGUF metadata

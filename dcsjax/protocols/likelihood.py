@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dcsjax.data.items import LETTERS, Item
-from dcsjax.kernels.dcs import dcs_parts
+from dcsjax.kernels.dcs import dcs_parts, softmax_over_options
 
 IDK_CONTINUATION = "I don't know."
 NORMALISATIONS = ("sum", "token", "char", "byte")
@@ -77,8 +77,7 @@ def _dcs_records(items: Sequence[Item], logits: list[np.ndarray], idk_index: lis
         valid[r, :len(x)] = True
         correct[r, list(item.correct)] = True
         idk[r, k] = True
-    probs = np.asarray(jnp.exp(jnp.asarray(scores) - jnp.max(jnp.asarray(scores), axis=-1, keepdims=True)))
-    probs = probs / probs.sum(-1, keepdims=True)
+    probs = np.asarray(softmax_over_options(jnp.asarray(scores), jnp.asarray(valid)))
     parts = {k: np.asarray(v) for k, v in dcs_parts(jnp.asarray(probs), jnp.asarray(correct), jnp.asarray(idk),
                                                      jnp.asarray(valid), lc, lw).items()}
     records = []
