@@ -108,7 +108,12 @@ class Scorer:
 
     def score_options(self, contexts: Sequence[str], options: Sequence[Sequence[str]],
                       reduction: str = "sum") -> list[np.ndarray]:
-        """Per item, log p(option | document start, context) for each of its options, reduced.
+        """Per item, log p(option | document start, context) for each of its options, reduced."""
+        return [np.array([reduce_logprobs(lp, reduction) for lp in lps])
+                for lps in self.option_logprobs(contexts, options)]
+
+    def option_logprobs(self, contexts: Sequence[str], options: Sequence[Sequence[str]]) -> list[list[np.ndarray]]:
+        """Per item and option, the token log-probs of the option after the document start and the context.
 
         The context is computed once per item: one row holds the context and then every option, each
         option seeing the context and itself only, its positions continuing from the context's end.
@@ -129,10 +134,10 @@ class Scorer:
                 groups.append(Group(head[:-1], tuple((head[-1], *cont) for _, cont in conts)))
                 owners.append([(i, j) for j, _ in conts])
         parts = self._run_groups(groups)
-        out = [np.zeros(len(opts)) for opts in options]
+        out: list[list] = [[None] * len(opts) for opts in options]
         for g, owner in enumerate(owners):
             for (i, j), lp in zip(owner, parts[g][1]):
-                out[i][j] = reduce_logprobs(lp, reduction)
+                out[i][j] = lp
         return out
 
     # ---------------------------------------------------------------------------------------- engine

@@ -47,10 +47,11 @@ def mcqa_context(item: Item) -> str:
 def run_mcqa(scorer, items: Sequence[Item]) -> list[dict]:
     """Each option as a continuation of the question (002 App. B), under four normalisations."""
     options = [[" " + c for c in item.choices] for item in items]
-    sums = scorer.score_options([mcqa_context(i) for i in items], options) if items else []
+    per_token = scorer.option_logprobs([mcqa_context(i) for i in items], options) if items else []
     records = []
-    for item, opts, total in zip(items, options, sums):
-        n_tokens = np.array([len(scorer.split_encode(mcqa_context(item), o)[1]) for o in opts])
+    for item, opts, lps in zip(items, options, per_token):
+        total = np.array([float(lp.astype(np.float64).sum()) for lp in lps])
+        n_tokens = np.array([len(lp) for lp in lps])
         scores = {
             "sum": total,
             "token": total / n_tokens,
