@@ -35,6 +35,14 @@ def _seeded_shuffle(item_id: str, correct: str, wrong: list[str]) -> tuple[list[
     return [options[i] for i in order], [int(np.flatnonzero(order == 0)[0])]
 
 
+def _winogender(row: Row) -> Parsed:
+    """Winogender: which of the occupation and the participant the pronoun refers to; `label` indexes that
+    pair. The question is the sentence and "'He' refers to", as in the Llama and GPT-3 evaluations."""
+    referents = [row["occupation"], row["participant"]]
+    choices = [r if r.lower() == "someone" else f"the {r}" for r in referents]  # "the someone" is not English
+    return f"{row['sentence']} '{row['pronoun'].capitalize()}' refers to", choices, [int(row["label"])]
+
+
 def _bbh(row: Row) -> Parsed:
     """BBH: the options are written into the input as "(A) ..." lines; the target is "(A)"."""
     options = re.findall(r"^\(([A-Z])\)\s*(.+)$", row["input"], flags=re.M)
@@ -61,6 +69,7 @@ SCHEMAS: dict[str, Callable[..., Parsed]] = {
     "copa": lambda row: (f"{row['premise']} What was the {row['question']}?", [row["choice1"], row["choice2"]],
                          [int(row["label"])]),
     "bbh": _bbh,
+    "winogender": _winogender,
 }
 # Sources with a correct answer and distractors but no order of their own.
 SHUFFLED = {
@@ -87,7 +96,7 @@ def hub_items(name: str, dataset: str, schema: str, config: str | None = None, s
     for index, row in enumerate(rows):
         where = f"{where_prefix} row {index}"
         row = {k: v for k, v in row.items() if v is not None}  # a field a JSON row lacks reads as None
-        item_id = f"{name}/{row.get('id', index)}"
+        item_id = f"{name}/{row.get('id', row.get('sentid', index))}"
         try:
             if schema in SHUFFLED:
                 question, correct_text, wrong = SHUFFLED[schema](row)
