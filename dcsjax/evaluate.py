@@ -18,6 +18,7 @@ import numpy as np
 
 from dcsjax.data.tasks import load_task, resolve_task, statements_for
 from dcsjax.kernels.dcs import loadings_from_threshold
+from dcsjax.metrics.bootstrap import mean_ci
 from dcsjax.protocols.apx import run_apx
 from dcsjax.protocols.likelihood import run_aps, run_dcs_letters, run_dcs_sequences, run_mcqa
 
@@ -27,13 +28,8 @@ CHUNK = 32  # items per write: small enough to lose little on a kill, large enou
 
 def bootstrap_ci(values: Sequence[float], n_boot: int = 1000, seed: int = 0) -> tuple[float, float]:
     """95% percentile interval of the mean, resampling items."""
-    x = np.asarray(values, np.float64)
-    if len(x) == 0:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, len(x), (n_boot, len(x)))].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return float(low), float(high)
+    interval = mean_ci(values, n_boot, seed)
+    return interval.low, interval.high
 
 
 def read_records(path: Path) -> list[dict]:

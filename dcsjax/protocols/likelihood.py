@@ -90,6 +90,7 @@ def _dcs_records(items: Sequence[Item], logits: list[np.ndarray], idk_index: lis
             "p_wrong": float(parts["p_wrong"][r]), "p_idk": float(parts["p_idk"][r]),
             "probs": probs[r, :len(logits[r])].round(6).tolist(), "idk_index": idk_index[r], "choice": choice,
             "abstained": abstained, "correct": (not abstained) and choice in item.correct,
+            "correct_options": list(item.correct),
             "answerable": item.answerable, "lc": lc, "lw": lw, **extra[r],
         })
     return records

@@ -1,0 +1,147 @@
+"""Calibration companions of DCS over each item's option+IDK distribution, batched over items.
+
+Items are ragged (different numbers of options), so every function takes `Distributions`: arrays padded to a
+common width K with a `valid` mask, the same layout `dcs_parts` uses. All are pure jax.numpy and jit-able,
+so a bootstrap can vmap them over thousands of resamples of the items.
+
+Two readings of a distribution are used:
+- the *forced answer*: the most probable answer option, IDK excluded, with its probability as the
+  confidence. IDK mass lowers the confidence, so the risk-coverage curve and ECE ask "is the confidence of
+  what the model would answer meaningful?";
+- the *choice*: the most probable of options and IDK; choosing IDK is abstaining (ternary score).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dcsjax.kernels.dcs import dcs
+
+
+class Distributions(NamedTuple):
+    """probs [N, K] (each row sums to 1 over its valid entries), correct/idk/valid [N, K] bool.
+    On an unanswerable item the only correct entry is the IDK option."""
+    probs: jax.Array
+    correct: jax.Array
+    idk: jax.Array
+    valid: jax.Array
+
+    @classmethod
+    def from_records(cls, records: Sequence[dict]) -> "Distributions":
+        """From `dcs` / `dcs-letters` records (probs, correct_options, idk_index)."""
+        width = max(len(r["probs"]) for r in records)
+        n = len(records)
+        probs = np.zeros((n, width), np.float32)
+        correct, idk, valid = (np.zeros((n, width), bool) for _ in range(3))
+        for i, r in enumerate(records):
+            probs[i, :len(r["probs"])] = r["probs"]
+            valid[i, :len(r["probs"])] = True
+            correct[i, r["correct_options"]] = True
+            idk[i, r["idk_index"]] = True
+        return cls(jnp.asarray(probs), jnp.asarray(correct), jnp.asarray(idk), jnp.asarray(valid))
+
+    def take(self, index: jax.Array) -> "Distributions":
+        """The items at `index` (a bootstrap resample)."""
+        return Distributions(*(x[index] for x in self))
+
+
+def _masked(d: Distributions) -> jax.Array:
+    return jnp.where(d.valid, d.probs, 0.0)
+
+
+def brier_score(d: Distributions) -> jax.Array:
+    """Mean over items of sum_k (p_k - y_k)^2 over options and IDK, y one-hot on the right answer (IDK on an
+    unanswerable item). Several correct options count as one class holding their summed mass; with one
+    correct option this is the usual multi-class Brier score, in [0, 2]."""
+    p = _masked(d)
+    target = d.correct & d.valid
+    p_target = jnp.sum(jnp.where(target, p, 0.0), axis=-1)
+    rest = jnp.sum(jnp.where(target, 0.0, p * p), axis=-1)
+    return jnp.mean((1.0 - p_target) ** 2 + rest)
+
+
+def forced_answer(d: Distributions) -> tuple[jax.Array, jax.Array]:
+    """[N] confidence and [N] correctness of the most probable answer option (IDK excluded)."""
+    answers = d.valid & ~d.idk
+    p = jnp.where(answers, d.probs, -1.0)
+    pick = jnp.argmax(p, axis=-1)
+    confidence = jnp.take_along_axis(p, pick[:, None], axis=-1)[:, 0]
+    hit = jnp.take_along_axis(d.correct & answers, pick[:, None], axis=-1)[:, 0]
+    return confidence, hit
+
+
+def _ece(confidence: jax.Array, hit: jax.Array, bin_of: jax.Array, bins: int) -> jax.Array:
+    n = confidence.shape[0]
+    count = jax.ops.segment_sum(jnp.ones_like(confidence), bin_of, bins)
+    conf_sum = jax.ops.segment_sum(confidence, bin_of, bins)
+    hit_sum = jax.ops.segment_sum(hit.astype(confidence.dtype), bin_of, bins)
+    return jnp.sum(jnp.abs(hit_sum - conf_sum)) / n  # sum_b n_b/N |acc_b - conf_b|
+
+
+def ece(d: Distributions, bins: int = 10, scheme: str = "width") -> jax.Array:
+    """Expected calibration error of the forced answer's confidence.
+
+    scheme "width": bins [0, 1/M), ..., [(M-1)/M, 1]; "mass": M bins of (nearly) equal item counts, by rank
+    of confidence (ties broken by item order)."""
+    confidence, hit = forced_answer(d)
+    if scheme == "width":
+        bin_of = jnp.minimum(jnp.floor(confidence * bins), bins - 1).astype(jnp.int32)
+    elif scheme == "mass":
+        rank = jnp.argsort(jnp.argsort(confidence, stable=True), stable=True)
+        bin_of = (rank * bins) // confidence.shape[0]
+    else:
+        raise ValueError(f"unknown binning scheme {scheme!r}: 'width' or 'mass'")
+    return _ece(confidence, hit, bin_of, bins)
+
+
+def risk_coverage(d: Distributions) -> tuple[jax.Array, jax.Array]:
+    """[N] coverage and [N] risk: answering only the k most confident items (forced answer), k = 1..N,
+    the risk is the error rate among them. Ties in confidence keep item order."""
+    confidence, hit = forced_answer(d)
+    order = jnp.argsort(-confidence, stable=True)
+    errors = jnp.cumsum(1.0 - hit[order].astype(jnp.float32))
+    k = jnp.arange(1, confidence.shape[0] + 1, dtype=jnp.float32)
+    return k / confidence.shape[0], errors / k
+
+
+def aurc(d: Distributions) -> jax.Array:
+    """Area under the risk-coverage curve: the mean of the risks at coverages 1/N, ..., N/N (lower is better)."""
+    return jnp.mean(risk_coverage(d)[1])
+
+
+def selective_accuracy(d: Distributions, coverage: float) -> jax.Array:
+    """Accuracy on the ceil(coverage * N) most confident items."""
+    cov, risk = risk_coverage(d)
+    k = max(1, int(np.ceil(coverage * cov.shape[0])))
+    return 1.0 - risk[k - 1]
+
+
+def ternary_score(d: Distributions, threshold: float = 0.5) -> jax.Array:
+    """Mean of +1 (choice correct), -t/(1-t) (choice wrong), 0 (IDK chosen): the score under which answering
+    pays exactly when one's confidence exceeds t."""
+    choice = jnp.argmax(jnp.where(d.valid, d.probs, -1.0), axis=-1)
+    abstain = jnp.take_along_axis(d.idk, choice[:, None], axis=-1)[:, 0]
+    right = jnp.take_along_axis(d.correct, choice[:, None], axis=-1)[:, 0] & ~abstain
+    penalty = threshold / (1.0 - threshold)
+    return jnp.mean(jnp.where(abstain, 0.0, jnp.where(right, 1.0, -penalty)))
+
+
+def dcs_parts_of(d: Distributions) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """[N] p_correct, p_wrong, p_idk (a correct IDK option is abstention, not a correct answer)."""
+    p = _masked(d)
+    answer = d.correct & ~d.idk
+    return (jnp.sum(jnp.where(answer, p, 0.0), -1), jnp.sum(jnp.where(d.valid & ~d.correct & ~d.idk, p, 0.0), -1),
+            jnp.sum(jnp.where(d.idk, p, 0.0), -1))
+
+
+def loading_spectrum(d: Distributions, thresholds: jax.Array) -> jax.Array:
+    """[T] mean DCS at each target threshold t (lc = 1, lw = t/(1-t)): paper 000's risk profile."""
+    pc, pw, pidk = dcs_parts_of(d)
+    return jax.vmap(lambda t: jnp.mean(dcs(pc, pw, pidk, 1.0, t / (1.0 - t))))(jnp.asarray(thresholds))
+
+
+DEFAULT_THRESHOLDS = np.round(np.arange(0.5, 0.951, 0.05), 2)
