@@ -1,0 +1,1 @@
+"""Analyses across models and runs: scaling curves (paper 002 §3) and the `dcsjax report` figures."""
