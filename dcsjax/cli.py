@@ -1,4 +1,4 @@
-"""The `dcsjax` command: `fetch`, `models`, `score`, `eval`, and `demo` (the README's main job)."""
+"""The `dcsjax` command: `fetch`, `models`, `score`, `eval`, `demo` (the README's main job) and `report`."""
 
 from __future__ import annotations
 
@@ -75,6 +75,19 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from pathlib import Path
+
+    from dcsjax.analysis.report import write_report
+
+    try:
+        summary = write_report([Path(d) for d in args.results], Path(args.out), args.sizes, n_boot=args.n_boot)
+    except FileNotFoundError as err:
+        print(f"dcsjax: error: {err}", file=sys.stderr)
+        return 2
+    print(f"figures, metrics.json and {summary}")
+    return 0
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dcsjax", description=__doc__)
@@ -102,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--output", default="results")
         p.add_argument("--batch-size", type=int, default=16)
         p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("report", help="figures and a Markdown summary, with intervals, from eval results")
+    p.add_argument("results", nargs="+", metavar="RESULTS_DIR")
+    p.add_argument("--out", required=True, help="folder for the PNG figures, metrics.json and summary.md")
+    p.add_argument("--sizes", default=None, help="TOML of [model] parameters, variant for models without a card")
+    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples per interval")
+    p.set_defaults(func=cmd_report)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -1,0 +1,353 @@
+"""`dcsjax report RESULTS_DIR... --out DIR`: figures (PNG) and a Markdown summary from `dcsjax eval` results.
+
+Reads DIR/<model>/<task>/<protocol>.jsonl. Model sizes and base/instruct come from the model cards, or for
+models without one from `--sizes FILE` (TOML: `[model-name] parameters = 135e6, variant = "instruct"`).
+Every number in the summary carries a 95% percentile bootstrap interval over items (or over models, for
+the scaling curves); APX against APS is also compared item by item with a paired bootstrap.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+from dcsjax.analysis.scaling import bootstrap_band, break_even, fit_curves
+from dcsjax.metrics import (
+    DEFAULT_THRESHOLDS,
+    Distributions,
+    aurc,
+    bootstrap_ci,
+    brier_score,
+    ece,
+    loading_spectrum,
+    mean_ci,
+    paired_bootstrap,
+    risk_coverage,
+    ternary_score,
+)
+
+DCS_PROTOCOLS = ("dcs", "dcs-letters")
+TERNARY_T = 0.75
+
+
+@dataclass
+class ModelResults:
+    name: str
+    parameters: float | None
+    variant: str | None
+    records: dict[str, dict[str, list[dict]]] = field(default_factory=lambda: defaultdict(dict))  # task -> protocol
+
+
+def _model_info(name: str, sizes: dict) -> tuple[float | None, str | None]:
+    if name in sizes:
+        return float(sizes[name]["parameters"]), sizes[name].get("variant")
+    from dcsjax.cards import model_card, model_card_names
+
+    if name in model_card_names():
+        card = model_card(name)
+        return float(card.parameters), card.variant
+    return None, None
+
+
+def load_results(dirs: list[Path], sizes: dict | None = None) -> dict[str, ModelResults]:
+    """Every model's per-item records under the results folders; a later folder's task replaces an earlier's."""
+    from dcsjax.evaluate import read_records
+
+    models: dict[str, ModelResults] = {}
+    for root in map(Path, dirs):
+        if not root.is_dir():
+            raise FileNotFoundError(f"{root}: not a results folder")
+        for path in sorted(root.glob("*/*/*.jsonl")):
+            protocol, task, model = path.stem, path.parent.name, path.parent.parent.name
+            if protocol == "errors":
+                continue
+            if model not in models:
+                models[model] = ModelResults(model, *_model_info(model, sizes or {}))
+            models[model].records[task][protocol] = read_records(path)
+    if not models:
+        raise FileNotFoundError(f"no <model>/<task>/<protocol>.jsonl results under {', '.join(map(str, dirs))}")
+    return models
+
+
+# ------------------------------------------------------------------------------------------- metrics table
+def _accuracy(protocol: str, records: list[dict]) -> np.ndarray:
+    if protocol == "mcqa":
+        return np.array([r["correct"]["sum"] for r in records], np.float64)
+    return np.array([r["correct"] for r in records], np.float64)
+
+
+def metric_rows(models: dict[str, ModelResults], n_boot: int = 1000) -> list[dict]:
+    """One row per model x task x protocol x metric: value and 95% interval."""
+    rows = []
+    for m in models.values():
+        for task, by_protocol in sorted(m.records.items()):
+            for protocol, records in sorted(by_protocol.items()):
+                if not records:
+                    continue
+                add = lambda metric, iv: rows.append({  # noqa: E731
+                    "model": m.name, "task": task, "protocol": protocol, "metric": metric, "n": len(records),
+                    "value": iv.estimate, "low": iv.low, "high": iv.high})
+                if protocol in ("aps", "apx", "mcqa"):
+                    add("accuracy", mean_ci(_accuracy(protocol, records), n_boot))
+                if protocol == "aps":
+                    add("ppl_delta", mean_ci([r["ppl_delta"] for r in records], n_boot))
+                    add("ppl_correct", mean_ci([r["ppl_correct"] for r in records], n_boot))
+                if protocol == "apx":
+                    add("parse_failures", mean_ci([r["parse_error"] is not None for r in records], n_boot))
+                if protocol in DCS_PROTOCOLS and "correct_options" in records[0]:
+                    d = Distributions.from_records(records)
+                    add("dcs", mean_ci([r["dcs"] for r in records], n_boot))
+                    add("accuracy", mean_ci([r["correct"] for r in records], n_boot))
+                    add("abstention", mean_ci([r["abstained"] for r in records], n_boot))
+                    add("brier", bootstrap_ci(brier_score, d, n_boot))
+                    add("ece", bootstrap_ci(ece, d, n_boot))
+                    add("ece_mass", bootstrap_ci(lambda x: ece(x, scheme="mass"), d, n_boot))
+                    add("aurc", bootstrap_ci(aurc, d, n_boot))
+                    add(f"ternary_t{TERNARY_T}", bootstrap_ci(lambda x: ternary_score(x, TERNARY_T), d, n_boot))
+            if "aps" in by_protocol and "apx" in by_protocol:
+                aps = {r["id"]: r["correct"] for r in by_protocol["aps"]}
+                pairs = [(float(r["correct"]), float(aps[r["id"]])) for r in by_protocol["apx"] if r["id"] in aps]
+                if pairs:
+                    a, b = np.array(pairs).T
+                    p = paired_bootstrap(jnp.mean, a, b, n_boot)
+                    rows.append({"model": m.name, "task": task, "protocol": "apx-aps", "metric": "accuracy_diff",
+                                 "n": len(pairs), "value": p.difference, "low": p.low, "high": p.high,
+                                 "p_value": p.p_value})
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = ["| model | task | protocol | metric | n | value | 95% CI |", "|---|---|---|---|---:|---:|---|"]
+    for r in rows:
+        extra = f" (p = {r['p_value']:.3f})" if "p_value" in r else ""
+        lines.append(f"| {r['model']} | {r['task']} | {r['protocol']} | {r['metric']} | {r['n']} | {r['value']:.3f} "
+                     f"| [{r['low']:.3f}, {r['high']:.3f}]{extra} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- figures
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _legend(ax, **kwargs) -> None:
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(**kwargs)
+
+
+def _task_grid(plt, tasks: list[str], width: float = 4.2, height: float = 3.2):
+    cols = min(3, len(tasks))
+    rows = -(-len(tasks) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    for ax in axes.flat[len(tasks):]:
+        ax.set_visible(False)
+    return fig, list(axes.flat)
+
+
+def _task_accuracy(m: ModelResults, protocol: str, tasks: list[str]) -> float | None:
+    values = [_accuracy(protocol, m.records[t][protocol]).mean() for t in tasks if m.records[t].get(protocol)]
+    return float(np.mean(values)) if len(values) == len(tasks) else None
+
+
+def scaling_figure(models: dict[str, ModelResults], tasks: list[str], path: Path, title: str) -> list[str]:
+    """APS and APX accuracy against size, per model type, with the AIC-best curve and its bootstrap band
+    where there are enough models. Returns notes on what could and could not be fitted."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    notes = []
+    sized = [m for m in models.values() if m.parameters]
+    colours = {"aps": "tab:blue", "apx": "tab:orange", "mcqa": "tab:green"}
+    markers = {"base": "o", "instruct": "s", None: "^"}
+    for variant in sorted({m.variant for m in sized}, key=str):
+        group = [m for m in sized if m.variant == variant]
+        series = {}
+        for protocol in ("aps", "apx", "mcqa"):
+            pts = [(np.log10(m.parameters), acc) for m in group
+                   if (acc := _task_accuracy(m, protocol, tasks)) is not None]
+            if not pts:
+                continue
+            x, y = np.array(pts).T
+            series[protocol] = (x, y)
+            ax.scatter(10 ** x, y, color=colours[protocol], marker=markers.get(variant, "^"), zorder=3,
+                       label=f"{protocol.upper()} ({variant})")
+            fits = fit_curves(x, y)
+            if not fits or len(x) < 4:
+                notes.append(f"{protocol.upper()} {variant}: {len(x)} model(s), too few for a fitted curve")
+                continue
+            grid = np.linspace(x.min(), x.max(), 200)
+            low, high, _ = bootstrap_band(x, y, fits[0].family, grid, n_boot=500)
+            ax.plot(10 ** grid, fits[0](grid), color=colours[protocol], linestyle="-" if variant == "base" else "--")
+            ax.fill_between(10 ** grid, low, high, color=colours[protocol], alpha=0.15)
+            notes.append(f"{protocol.upper()} {variant}: {fits[0].family} (AIC {fits[0].aic:.1f})")
+        if "aps" in series and "apx" in series and len(series["aps"][0]) >= 4:
+            be = break_even(series["aps"][0], series["aps"][1], series["apx"][1], n_boot=500)
+            if be.log10_size is not None:
+                notes.append(f"{variant}: APX overtakes APS at {10 ** be.log10_size:.3g} parameters "
+                             f"(95% CI {10 ** be.low:.3g} to {10 ** be.high:.3g})")
+                ax.axvline(10 ** be.log10_size, color="grey", linestyle=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters")
+    ax.set_ylabel("accuracy (mean over tasks)")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    _legend(ax, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return notes
+
+
+def scaling_by_task_figure(models: dict[str, ModelResults], tasks: list[str], path: Path) -> None:
+    plt = _plt()
+    fig, axes = _task_grid(plt, tasks)
+    sized = sorted((m for m in models.values() if m.parameters), key=lambda m: m.parameters)
+    for ax, task in zip(axes, tasks):
+        for protocol, colour in (("aps", "tab:blue"), ("apx", "tab:orange"), ("mcqa", "tab:green")):
+            pts = [(m.parameters, _accuracy(protocol, m.records[task][protocol]).mean()) for m in sized
+                   if m.records[task].get(protocol)]
+            if pts:
+                ax.plot(*np.array(pts).T, marker="o", color=colour, label=protocol.upper())
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1)
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("parameters")
+        ax.set_ylabel("accuracy")
+    _legend(axes[0], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _distributions(m: ModelResults, task: str, protocol: str) -> Distributions | None:
+    records = m.records[task].get(protocol)
+    return Distributions.from_records(records) if records and "correct_options" in records[0] else None
+
+
+def dcs_spectrum_figure(models: dict[str, ModelResults], tasks: list[str], path: Path) -> None:
+    """Mean DCS against the target threshold t (lc = 1, lw = t/(1-t)) per model and elicitation."""
+    plt = _plt()
+    fig, axes = _task_grid(plt, tasks)
+    for ax, task in zip(axes, tasks):
+        for i, m in enumerate(models.values()):
+            for protocol, style in zip(DCS_PROTOCOLS, ("-", "--")):
+                if (d := _distributions(m, task, protocol)) is not None:
+                    ax.plot(DEFAULT_THRESHOLDS, np.asarray(loading_spectrum(d, DEFAULT_THRESHOLDS)), style,
+                            color=f"C{i}", marker=".", label=f"{m.name} {protocol}")
+        ax.axhline(0, color="grey", linewidth=0.8)
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("target threshold t")
+        ax.set_ylabel("mean DCS")
+    _legend(axes[0], fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def risk_coverage_figure(models: dict[str, ModelResults], tasks: list[str], path: Path) -> None:
+    plt = _plt()
+    fig, axes = _task_grid(plt, tasks)
+    for ax, task in zip(axes, tasks):
+        for i, m in enumerate(models.values()):
+            for protocol, style in zip(DCS_PROTOCOLS, ("-", "--")):
+                if (d := _distributions(m, task, protocol)) is not None:
+                    coverage, risk = risk_coverage(d)
+                    ax.plot(coverage, risk, style, color=f"C{i}",
+                            label=f"{m.name} {protocol} (AURC {float(aurc(d)):.2f})")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("coverage (share answered, most confident first)")
+        ax.set_ylabel("risk (error rate)")
+        _legend(ax, fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def ppl_figure(models: dict[str, ModelResults], tasks: list[str], path: Path) -> None:
+    """APS: the PPL gap between the first and second choice (002 E.3) and the PPL of the correct statement
+    (E.2), per task and model."""
+    plt = _plt()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    names = list(models)
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        m = models[name]
+        deltas = [[r["ppl_delta"] for r in m.records[t].get("aps", [])] for t in tasks]
+        positions = np.arange(len(tasks)) + (i - (len(names) - 1) / 2) * width
+        present = [k for k, d in enumerate(deltas) if d]
+        if present:
+            box = left.boxplot([deltas[k] for k in present], positions=positions[present], widths=width * 0.9,
+                               patch_artist=True, showfliers=False)
+            for patch in box["boxes"]:
+                patch.set_facecolor(f"C{i}")
+            left.plot([], [], color=f"C{i}", linewidth=6, label=name)
+        correct = [np.mean([r["ppl_correct"] for r in m.records[t]["aps"]]) if m.records[t].get("aps") else np.nan
+                   for t in tasks]
+        right.bar(positions, correct, width=width, color=f"C{i}", label=name)
+    for ax, label in ((left, "PPL(second choice) - PPL(first choice)"), (right, "mean PPL of the correct statement")):
+        ax.set_xticks(np.arange(len(tasks)), tasks, rotation=25, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+        ax.set_yscale("log")
+        _legend(ax, fontsize=8)
+    left.set_title("APS: how decisive the ranking is (outliers hidden)")
+    right.set_title("APS: perplexity of the correct statement")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------- the command
+def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_boot: int = 1000) -> Path:
+    sizes = tomllib.loads(Path(sizes_file).read_text()) if sizes_file else {}
+    models = load_results(dirs, sizes)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = sorted({t for m in models.values() for t in m.records})
+    common = [t for t in tasks if all(t in m.records for m in models.values())]
+    rows = metric_rows(models, n_boot)
+    (out / "metrics.json").write_text(json.dumps(rows, indent=1))
+    notes = scaling_figure(models, common, out / "scaling.png", f"APS and APX against size ({len(common)} tasks)")
+    scaling_by_task_figure(models, tasks, out / "scaling_by_task.png")
+    dcs_spectrum_figure(models, tasks, out / "dcs_spectrum.png")
+    risk_coverage_figure(models, tasks, out / "risk_coverage.png")
+    ppl_figure(models, tasks, out / "ppl.png")
+    unsized = [m.name for m in models.values() if not m.parameters]
+    stale = sorted({f"{m.name}/{t}/{p}" for m in models.values() for t, by in m.records.items()
+                    for p, recs in by.items() if p in DCS_PROTOCOLS and recs and "correct_options" not in recs[0]})
+    lines = [
+        "# dcsjax report", "",
+        f"Results: {', '.join(map(str, dirs))}. Models: "
+        + ", ".join(f"{m.name} ({m.parameters / 1e6:.0f}M, {m.variant})" if m.parameters else m.name
+                    for m in models.values()) + f". Tasks: {', '.join(tasks)}.", "",
+        f"Intervals: 95% percentile bootstrap over items ({n_boot} resamples, seed 0); `apx-aps` rows are paired "
+        "(the same items resampled for both protocols). DCS metrics read each item's option+IDK distribution; "
+        "ECE and risk-coverage use the most probable answer option (IDK excluded) and its probability; "
+        f"the ternary score counts +1 / -t/(1-t) / 0 at t = {TERNARY_T}.", "",
+        "## Figures", "",
+        "- ![APS and APX against model size](scaling.png)",
+        "- ![Per task](scaling_by_task.png)",
+        "- ![DCS against the target threshold](dcs_spectrum.png)",
+        "- ![Risk-coverage curves](risk_coverage.png)",
+        "- ![APS perplexities](ppl.png)", "",
+        "## Scaling fits", "",
+        *(f"- {n}" for n in notes or ["no model sizes known: pass --sizes"]),
+        *([f"- no size known for {', '.join(unsized)} (add it with --sizes)"] if unsized else []), "",
+        *([f"DCS records written before they carried `correct_options` (rerun `dcsjax eval` on them for "
+           f"calibration metrics): {', '.join(stale)}", ""] if stale else []),
+        "## Every metric", "", markdown_table(rows), "",
+    ]
+    summary = out / "summary.md"
+    summary.write_text("\n".join(lines))
+    return summary

@@ -1,0 +1,70 @@
+"""`dcsjax report`: figures and summary from real `dcsjax eval` records, numbers checked against the
+records themselves; the scaling path on a folder of many (synthetic) models with known sizes."""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import scorer_for
+from dcsjax.analysis.report import write_report
+from dcsjax.cli import main
+from dcsjax.evaluate import read_records, run_eval
+
+PNG = b"\x89PNG\r\n\x1a\n"
+FIGURES = ("scaling.png", "scaling_by_task.png", "dcs_spectrum.png", "risk_coverage.png", "ppl.png")
+
+
+@pytest.fixture(scope="module")
+def real_results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("results")
+    run_eval("smollm2-135m-instruct", ["known_unknowns"], ["aps", "mcqa", "apx", "dcs", "dcs-letters"], folder,
+             limit=12, scorer=scorer_for("smollm2-135m-instruct"), progress=False)
+    return folder
+
+
+def test_report_on_real_results(real_results, tmp_path):
+    summary = write_report([real_results], tmp_path, n_boot=200)
+    for name in FIGURES:
+        data = (tmp_path / name).read_bytes()
+        assert data.startswith(PNG) and len(data) > 10_000, name
+    rows = {(r["protocol"], r["metric"]): r for r in json.loads((tmp_path / "metrics.json").read_text())}
+    folder = real_results / "smollm2-135m-instruct" / "known_unknowns"
+    dcs = read_records(folder / "dcs.jsonl")
+    assert rows["dcs", "dcs"]["value"] == pytest.approx(np.mean([r["dcs"] for r in dcs]), abs=1e-6)
+    assert rows["dcs", "dcs"]["low"] <= rows["dcs", "dcs"]["value"] <= rows["dcs", "dcs"]["high"]
+    apx, aps = read_records(folder / "apx.jsonl"), read_records(folder / "aps.jsonl")
+    diff = np.mean([r["correct"] for r in apx]) - np.mean([r["correct"] for r in aps])
+    assert rows["apx-aps", "accuracy_diff"]["value"] == pytest.approx(diff, abs=1e-6)
+    for metric in ("brier", "ece", "ece_mass", "aurc", "ternary_t0.75"):
+        assert ("dcs-letters", metric) in rows and np.isfinite(rows["dcs-letters", metric]["value"])
+    text = summary.read_text()
+    assert "| smollm2-135m-instruct | known_unknowns | dcs | brier |" in text and "too few" in text
+
+
+def test_report_fits_scaling_curves_across_many_models(tmp_path):
+    """Eight models of known sizes: APS flat, APX rising steeply; the summary names the fitted families and
+    a break-even inside the sizes."""
+    sizes, results = tmp_path / "sizes.toml", tmp_path / "results"
+    lines = []
+    rng = np.random.default_rng(0)
+    for i, log_size in enumerate(np.linspace(8, 11, 8)):
+        name = f"model-{i}"
+        lines.append(f'[{name}]\nparameters = {10 ** log_size:.0f}\nvariant = "base"\n')
+        for protocol, accuracy in (("aps", 0.55 + 0.03 * (log_size - 9.5)), ("apx", 0.5 + 0.2 * (log_size - 9.5))):
+            folder = results / name / "task"
+            folder.mkdir(parents=True, exist_ok=True)
+            hits = rng.random(400) < accuracy
+            (folder / f"{protocol}.jsonl").write_text("".join(
+                json.dumps({"id": str(k), "correct": bool(h), "ppl_delta": 1.0, "ppl_correct": 10.0,
+                            "parse_error": None}) + "\n" for k, h in enumerate(hits)))
+    sizes.write_text("\n".join(lines))
+    text = write_report([results], tmp_path / "out", sizes, n_boot=100).read_text()
+    assert "APS base:" in text and "APX base:" in text and "APX overtakes APS at" in text
+
+
+def test_report_command_errors_name_the_folder(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 2
+    assert "missing: not a results folder" in capsys.readouterr().err
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "no <model>/<task>/<protocol>.jsonl results" in capsys.readouterr().err
