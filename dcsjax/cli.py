@@ -69,7 +69,8 @@ def cmd_eval(args) -> int:
 
     start = time.perf_counter()
     summary = run_eval(args.model, args.tasks.split(","), args.protocols.split(","), Path(args.output),
-                       limit=args.limit, threshold=args.threshold, batch_size=args.batch_size)
+                       limit=args.limit, threshold=args.threshold, batch_size=args.batch_size, dtype=args.dtype,
+                       mesh=args.mesh)
     print(format_table(summary))
     print(f"\n{time.perf_counter() - start:.0f} s; per-item results and summary.json under {args.output}")
     return 0
@@ -114,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--threshold", type=float, default=None, help="DCS loadings lc = 1, lw = t / (1 - t)")
         p.add_argument("--output", default="results")
         p.add_argument("--batch-size", type=int, default=16)
+        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                       help="parameter dtype; log-probs are float32 either way")
+        p.add_argument("--mesh", default=None, help="DATAxMODEL devices, e.g. 2x4 (default: one device)")
         p.set_defaults(func=cmd_eval)
     p = sub.add_parser("report", help="figures and a Markdown summary, with intervals, from eval results")
     p.add_argument("results", nargs="+", metavar="RESULTS_DIR")

@@ -105,14 +105,14 @@ def headline_values(protocol: str, records: list[dict]) -> list[float]:
 
 def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output: Path, limit: int | None = None,
              threshold: float | None = None, batch_size: int = 16, progress: bool = True, scorer=None,
-             chunk: int = CHUNK) -> dict:
+             chunk: int = CHUNK, dtype: str = "float32", mesh=None) -> dict:
     import dcsjax
 
     for p in protocols:
         if p not in PROTOCOLS:
             raise ValueError(f"unknown protocol {p!r}; known: {', '.join(PROTOCOLS)}")
     lc, lw = loadings_from_threshold(threshold) if threshold is not None else (1.0, 1.0)
-    scorer = scorer or dcsjax.load(model, batch_size=batch_size)
+    scorer = scorer or dcsjax.load(model, batch_size=batch_size, dtype=dtype, mesh=mesh)
     output = Path(output)
     summary_path = output / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"rows": []}

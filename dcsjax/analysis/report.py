@@ -119,6 +119,32 @@ def metric_rows(models: dict[str, ModelResults], n_boot: int = 1000) -> list[dic
                     rows.append({"model": m.name, "task": task, "protocol": "apx-aps", "metric": "accuracy_diff",
                                  "n": len(pairs), "value": p.difference, "low": p.low, "high": p.high,
                                  "p_value": p.p_value})
+    rows += model_differences(models, n_boot)
+    return rows
+
+
+def model_differences(models: dict[str, ModelResults], n_boot: int = 1000) -> list[dict]:
+    """Each later model against the first, per task and protocol, on the items both scored: the headline
+    metric's difference with a paired bootstrap interval."""
+    from dcsjax.evaluate import headline_values
+
+    rows = []
+    names = list(models)
+    for other in names[1:]:
+        base, m = models[names[0]], models[other]
+        for task in sorted(set(base.records) & set(m.records)):
+            for protocol in sorted(set(base.records[task]) & set(m.records[task])):
+                a = {r["id"]: v for r, v in zip(m.records[task][protocol],
+                                                headline_values(protocol, m.records[task][protocol]))}
+                b = {r["id"]: v for r, v in zip(base.records[task][protocol],
+                                                headline_values(protocol, base.records[task][protocol]))}
+                ids = [i for i in a if i in b]
+                if not ids:
+                    continue
+                p = paired_bootstrap(jnp.mean, np.array([a[i] for i in ids]), np.array([b[i] for i in ids]), n_boot)
+                rows.append({"model": f"{other} - {names[0]}", "task": task, "protocol": protocol,
+                             "metric": "dcs_diff" if protocol in DCS_PROTOCOLS else "accuracy_diff", "n": len(ids),
+                             "value": p.difference, "low": p.low, "high": p.high, "p_value": p.p_value})
     return rows
 
 
@@ -144,6 +170,20 @@ def _plt():
 def _legend(ax, **kwargs) -> None:
     if ax.get_legend_handles_labels()[1]:
         ax.legend(**kwargs)
+
+
+def _size_axis(ax, sizes) -> None:
+    """Log-scaled parameter counts labelled 135M, 1B, ...; with few models, ticks at their sizes."""
+    from matplotlib.ticker import EngFormatter, NullFormatter
+
+    ax.set_xscale("log")
+    sizes = sorted(set(sizes))
+    if 0 < len(sizes) <= 6:
+        ax.set_xticks(sizes)
+        ax.set_xlim(sizes[0] / 1.3, sizes[-1] * 1.3)
+    ax.xaxis.set_major_formatter(EngFormatter(places=0, sep=""))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("parameters")
 
 
 def _task_grid(plt, tasks: list[str], width: float = 4.2, height: float = 3.2):
@@ -196,8 +236,7 @@ def scaling_figure(models: dict[str, ModelResults], tasks: list[str], path: Path
                 notes.append(f"{variant}: APX overtakes APS at {10 ** be.log10_size:.3g} parameters "
                              f"(95% CI {10 ** be.low:.3g} to {10 ** be.high:.3g})")
                 ax.axvline(10 ** be.log10_size, color="grey", linestyle=":")
-    ax.set_xscale("log")
-    ax.set_xlabel("parameters")
+    _size_axis(ax, [m.parameters for m in sized])
     ax.set_ylabel("accuracy (mean over tasks)")
     ax.set_ylim(0, 1)
     ax.set_title(title)
@@ -212,16 +251,18 @@ def scaling_by_task_figure(models: dict[str, ModelResults], tasks: list[str], pa
     plt = _plt()
     fig, axes = _task_grid(plt, tasks)
     sized = sorted((m for m in models.values() if m.parameters), key=lambda m: m.parameters)
+    markers = {"base": "o", "instruct": "s"}
     for ax, task in zip(axes, tasks):
         for protocol, colour in (("aps", "tab:blue"), ("apx", "tab:orange"), ("mcqa", "tab:green")):
-            pts = [(m.parameters, _accuracy(protocol, m.records[task][protocol]).mean()) for m in sized
-                   if m.records[task].get(protocol)]
-            if pts:
-                ax.plot(*np.array(pts).T, marker="o", color=colour, label=protocol.upper())
-        ax.set_xscale("log")
+            for variant in sorted({m.variant for m in sized}, key=str):  # lines join one model type only
+                pts = [(m.parameters, _accuracy(protocol, m.records[task][protocol]).mean()) for m in sized
+                       if m.variant == variant and m.records[task].get(protocol)]
+                if pts:
+                    ax.plot(*np.array(pts).T, marker=markers.get(variant, "^"), color=colour,
+                            linestyle="-" if variant == "base" else "--", label=f"{protocol.upper()} ({variant})")
+        _size_axis(ax, [m.parameters for m in sized])
         ax.set_ylim(0, 1)
         ax.set_title(task, fontsize=9)
-        ax.set_xlabel("parameters")
         ax.set_ylabel("accuracy")
     _legend(axes[0], fontsize=8)
     fig.tight_layout()
