@@ -23,17 +23,24 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_start: str | None = None,
-         progress: bool = False, **scorer_options) -> Scorer:
+         progress: bool = False, mesh=None, **scorer_options) -> Scorer:
     """A `Scorer` for a card name (fetched into the cache on first use), a GGUF file or an HF directory.
 
     dtype: parameter dtype ("float32" or "bfloat16"); log-probs are float32 either way.
     document_start: the token that starts a document, for a model whose tokenizer adds no BOS and that
     has no card (a card names it).
+    mesh: "2x4" (data x model devices), a jax Mesh, or None: parameters load straight into their shards.
     """
+    from dcsjax.sharding import make_mesh
+
     from dcsjax.fetch import fetch_model
 
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
+    try:
+        mesh = make_mesh(mesh)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     text = str(name_or_path)
     card: ModelCard | None = None
     path = Path(text).expanduser()
@@ -45,14 +52,14 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
         card = model_card(text)
         path = fetch_model(text, quiet=not progress)
     if path.is_dir():
-        model, tokenizer = _load_hf_dir(path, DTYPES[dtype])
+        model, tokenizer = _load_hf_dir(path, DTYPES[dtype], mesh)
     elif path.suffix == ".gguf" or path.is_file():
-        model, tokenizer = _load_gguf(path, DTYPES[dtype])
+        model, tokenizer = _load_gguf(path, DTYPES[dtype], mesh)
     else:
         raise CheckpointError(f"{path}: no such model file or directory")
     start = document_start_id(tokenizer, card, document_start, source=str(path))
     return Scorer(model, tokenizer, start, name=card.name if card else path.stem, card=card, progress=progress,
-                  **scorer_options)
+                  mesh=mesh, **scorer_options)
 
 
 def document_start_id(tokenizer, card: ModelCard | None, override: str | None, source: str) -> int:
@@ -72,12 +79,12 @@ def document_start_id(tokenizer, card: ModelCard | None, override: str | None, s
     return int(token_id)
 
 
-def _load_gguf(path: Path, dtype):
+def _load_gguf(path: Path, dtype, mesh=None):
     reader = open_gguf(path)
     meta = gguf_metadata(reader)
     config = config_from_gguf(meta, gguf_vocab_size(reader), source=str(path))
     model = build_decoder(config, gguf_tensors(reader, config.architecture, config.num_heads,
-                                               config.num_kv_heads, str(path)), str(path), dtype)
+                                               config.num_kv_heads, str(path)), str(path), dtype, mesh)
     return model, _gguf_tokenizer(path)
 
 
@@ -102,9 +109,9 @@ def _gguf_tokenizer(path: Path):
     return tokenizer
 
 
-def _load_hf_dir(path: Path, dtype):
+def _load_hf_dir(path: Path, dtype, mesh=None):
     from transformers import AutoTokenizer
 
     config = config_from_hf(hf_config(path), source=str(path / "config.json"))
-    model = build_decoder(config, hf_tensors(path), str(path), dtype)
+    model = build_decoder(config, hf_tensors(path), str(path), dtype, mesh)
     return model, AutoTokenizer.from_pretrained(path)

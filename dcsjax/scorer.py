@@ -17,16 +17,19 @@ import numpy as np
 from flax import nnx
 
 from dcsjax.errors import InputError
-from dcsjax.kernels.logprobs import reduce_logprobs, token_logprobs
+from dcsjax.kernels.logprobs import reduce_logprobs, sharded_token_logprobs, token_logprobs
 from dcsjax.kernels.packing import BUCKET_MULTIPLE, DEFAULT_BUCKETS, Group, make_batch, plan_batches, rows_per_batch
 from dcsjax.nn.decoder import Decoder
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _batch_logprobs(graphdef, vocab_chunk: int, state, tokens, positions, segment_ids, attend_to, targets):
-    """[B, T] float32: log p(targets[b, t] | what row b's token t sees) (junk where t has no target)."""
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _batch_logprobs(graphdef, vocab_chunk: int, mesh, state, tokens, positions, segment_ids, attend_to, targets):
+    """[B, T] float32: log p(targets[b, t] | what row b's token t sees) (junk where t has no target).
+    On a mesh, the parameters and rows arrive sharded and the vocabulary is scanned shard by shard."""
     model = nnx.merge(graphdef, state)
     hidden = model(tokens, positions, segment_ids, attend_to)  # [B, T, D]
+    if mesh is not None:
+        return sharded_token_logprobs(hidden, model.output_embedding, targets, mesh, vocab_chunk)
     return token_logprobs(hidden, model.output_embedding, targets, vocab_chunk)
 
 
@@ -43,6 +46,7 @@ class Scorer:
     pack: bool = True
     vocab_chunk: int = 8192
     progress: bool = False
+    mesh: object | None = None  # a jax Mesh with axes (data, model); the model's parameters already on it
 
     def __post_init__(self) -> None:
         limit = self.model.config.max_context // BUCKET_MULTIPLE * BUCKET_MULTIPLE
@@ -52,6 +56,8 @@ class Scorer:
             raise ValueError(f"buckets must be increasing multiples of {BUCKET_MULTIPLE}, not {self.buckets}")
         self.max_length = self.buckets[-1]  # tokens per sequence, document start included
         self._graphdef, self._state = nnx.split(self.model)
+        # Rows of a batch are split over the mesh's data axis, so a batch holds a multiple of its size.
+        self._row_multiple = self.mesh.shape["data"] if self.mesh is not None else 1
 
     @property
     def config(self):
@@ -155,12 +161,19 @@ class Scorer:
             if group.room > self.max_length:
                 raise InputError(f"item {i}: its context and all its options together exceed {self.max_length} tokens")
         out = [(np.zeros(0, np.float32), [None] * len(g.suffixes)) for g in groups]
-        plan = plan_batches([g.room for g in groups], self.batch_size, self.buckets, self.pack, self.max_batch_tokens)
+        plan = plan_batches([g.room for g in groups], self.batch_size, self.buckets, self.pack, self.max_batch_tokens,
+                            self._row_multiple)
         pending = None  # one batch in flight while the next is being prepared
         for bucket, rows in self._progress(plan, total=len(groups)):
-            batch = make_batch(groups, bucket, rows, rows_per_batch(bucket, self.batch_size, self.max_batch_tokens))
-            result = _batch_logprobs(self._graphdef, self.vocab_chunk, self._state, *map(jnp.asarray, (
-                batch.tokens, batch.positions, batch.segment_ids, batch.attend_to, batch.targets)))
+            batch = make_batch(groups, bucket, rows, rows_per_batch(bucket, self.batch_size, self.max_batch_tokens,
+                                                                    self._row_multiple))
+            arrays = (batch.tokens, batch.positions, batch.segment_ids, batch.attend_to, batch.targets)
+            if self.mesh is not None:
+                from dcsjax.sharding import batch_sharding
+
+                arrays = jax.device_put(arrays, batch_sharding(self.mesh))
+            result = _batch_logprobs(self._graphdef, self.vocab_chunk, self.mesh, self._state,
+                                     *map(jnp.asarray, arrays))
             if pending is not None:
                 self._collect(*pending, out)
             pending = (batch, result)

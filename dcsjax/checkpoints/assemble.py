@@ -52,8 +52,9 @@ def _layer_table(c: DecoderConfig) -> dict[str, tuple[str, Callable[[np.ndarray]
 
 
 def build_decoder(c: DecoderConfig, tensors: Iterable[tuple[str, np.ndarray]], source: str,
-                  dtype=jnp.float32) -> Decoder:
-    """A `Decoder` whose every parameter was read from `tensors`; anything missing or extra raises."""
+                  dtype=jnp.float32, mesh=None) -> Decoder:
+    """A `Decoder` whose every parameter was read from `tensors`; anything missing or extra raises.
+    With a mesh, each parameter goes straight into its shards by the rules of `dcsjax.sharding`."""
     model = nnx.eval_shape(lambda: Decoder(c, dtype=dtype, rngs=nnx.Rngs(0)))
     layer_shapes = layer_param_shapes(c)
     table = _layer_table(c)
@@ -89,12 +90,20 @@ def build_decoder(c: DecoderConfig, tensors: Iterable[tuple[str, np.ndarray]], s
     if missing:
         raise CheckpointError(f"{source}: missing tensors: {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""))
 
+    def put(param, value):
+        if mesh is None:
+            param.set_value(jnp.asarray(value, dtype))
+        else:
+            from dcsjax.sharding import place
+
+            param.set_value(place(value, param.axes, mesh, dtype))
+
     for name, value in top.items():
         param = getattr(model, name)
         _check_shape(source, name, value.shape, param.shape)
-        param.set_value(jnp.asarray(value, dtype))
+        put(param, value)
     for name, value in stacked.items():
-        getattr(model.layers, name).set_value(jnp.asarray(value, dtype))
+        put(getattr(model.layers, name), value)
     return model
 
 

@@ -21,10 +21,19 @@ def token_logprobs(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, 
     The target's logit is picked out of the same chunk of logits that feeds the log-normaliser, so the
     two share their rounding: a confident prediction (target logit ~ logsumexp) then loses nothing.
     """
-    v, d = out_embed.shape
-    chunk = min(chunk, v)
-    n_chunks = -(-v // chunk)
-    w = jnp.pad(out_embed, ((0, n_chunks * chunk - v), (0, 0))).reshape(n_chunks, chunk, d)  # [C, chunk, D]
+    running_max, running_sum, target_logit = vocab_scan(hidden, out_embed, targets, 0, out_embed.shape[0], chunk)
+    return target_logit - (running_max + jnp.log(running_sum))
+
+
+def vocab_scan(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, first_id, vocab_size: int,
+               chunk: int = 8192) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Over the rows first_id .. first_id + len(out_embed) of the vocabulary: [B, T] running max, sum of
+    exp(logit - max), and the target's logit (0 where the target lies outside these rows). Rows at or past
+    `vocab_size` (padding) are masked."""
+    rows, d = out_embed.shape
+    chunk = min(chunk, rows)
+    n_chunks = -(-rows // chunk)
+    w = jnp.pad(out_embed, ((0, n_chunks * chunk - rows), (0, 0))).reshape(n_chunks, chunk, d)  # [C, chunk, D]
     h = hidden.astype(F32)
     batch_shape = targets.shape
 
@@ -32,20 +41,49 @@ def token_logprobs(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, 
     @jax.checkpoint
     def step(carry, xs):
         running_max, running_sum, target_logit = carry  # [B, T] each
-        w_c, first = xs
+        w_c, local_first = xs
         logits = jnp.einsum("btd,vd->btv", h, w_c.astype(F32))  # [B, T, chunk]
-        vocab_ids = first + jnp.arange(chunk)  # [chunk]
-        logits = jnp.where(vocab_ids < v, logits, -jnp.inf)
-        is_target = vocab_ids == targets[..., None]  # [B, T, chunk]
+        local_ids = local_first + jnp.arange(chunk)  # [chunk] rows of this slice
+        vocab_ids = first_id + local_ids
+        # Rows padded onto this slice's last chunk, and rows past the vocabulary, are no tokens (on a
+        # vocabulary shard, the padded rows' ids belong to the next shard).
+        real = (local_ids < rows) & (vocab_ids < vocab_size)  # [chunk]
+        logits = jnp.where(real, logits, -jnp.inf)
+        is_target = (vocab_ids == targets[..., None]) & real  # [B, T, chunk]
         target_logit = target_logit + jnp.where(is_target, logits, 0.0).sum(-1)  # one term: exact
         new_max = jnp.maximum(running_max, logits.max(axis=-1))
         running_sum = running_sum * jnp.exp(running_max - new_max) + row_sum(jnp.exp(logits - new_max[..., None]))
         return (new_max, running_sum, target_logit), None
 
     init = (jnp.full(batch_shape, -jnp.inf, F32), jnp.zeros(batch_shape, F32), jnp.zeros(batch_shape, F32))
-    starts = jnp.arange(n_chunks) * chunk
-    (running_max, running_sum, target_logit), _ = jax.lax.scan(step, init, (w, starts))
-    return target_logit - (running_max + jnp.log(running_sum))
+    return jax.lax.scan(step, init, (w, jnp.arange(n_chunks) * chunk))[0]
+
+
+def sharded_token_logprobs(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, mesh,
+                           chunk: int = 8192) -> jax.Array:
+    """`token_logprobs` with the vocabulary split over the mesh's `model` axis and rows over `data`.
+
+    Each device scans only its own rows of the output matrix; the log-normaliser is combined from the
+    devices' [B, T] partial maxima and sums (pmax, psum), and the target's logit from the one device that
+    holds it. No device ever holds another's logits or rows of the matrix.
+    """
+    from jax.sharding import PartitionSpec as P
+
+    v = out_embed.shape[0]
+    m = mesh.shape["model"]
+    per_device = -(-v // m)
+    if per_device * m != v:
+        out_embed = jnp.pad(out_embed, ((0, per_device * m - v), (0, 0)))
+
+    def local(h, w, t):
+        first = jax.lax.axis_index("model") * per_device
+        part_max, part_sum, part_target = vocab_scan(h, w, t, first, v, chunk)
+        top = jax.lax.pmax(part_max, "model")
+        total = jax.lax.psum(part_sum * jnp.exp(part_max - top), "model")
+        return jax.lax.psum(part_target, "model") - (top + jnp.log(total))
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(P("data"), P("model"), P("data")),
+                         out_specs=P("data"), check_vma=False)(hidden, out_embed, targets)
 
 
 def reduce_logprobs(logprobs, reduction: str):

@@ -94,7 +94,8 @@ def pack_rows(rooms: list[int], indices: list[int], row_len: int, pack: bool) ->
 
 
 def plan_batches(rooms: list[int], batch_size: int, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
-                 pack: bool = True, max_batch_tokens: int | None = None) -> list[tuple[int, list[list[int]]]]:
+                 pack: bool = True, max_batch_tokens: int | None = None,
+                 row_multiple: int = 1) -> list[tuple[int, list[list[int]]]]:
     """[(bucket, rows of one batch)], shortest bucket first; a last partial batch is padded later.
 
     Long buckets get fewer rows (at most max_batch_tokens per batch, at least one row), so memory stays
@@ -106,15 +107,16 @@ def plan_batches(rooms: list[int], batch_size: int, buckets: tuple[int, ...] = D
     plan = []
     for bucket in sorted(by_bucket):
         rows = pack_rows(rooms, by_bucket[bucket], bucket, pack)
-        size = rows_per_batch(bucket, batch_size, max_batch_tokens)
+        size = rows_per_batch(bucket, batch_size, max_batch_tokens, row_multiple)
         plan += [(bucket, rows[s:s + size]) for s in range(0, len(rows), size)]
     return plan
 
 
-def rows_per_batch(bucket: int, batch_size: int, max_batch_tokens: int | None) -> int:
-    if max_batch_tokens is None:
-        return batch_size
-    return max(1, min(batch_size, max_batch_tokens // bucket))
+def rows_per_batch(bucket: int, batch_size: int, max_batch_tokens: int | None, multiple: int = 1) -> int:
+    """Rows of one batch in `bucket`: batch_size, fewer in long buckets, rounded up to a multiple of
+    `multiple` (the mesh's data-axis size, which splits the rows)."""
+    rows = batch_size if max_batch_tokens is None else max(1, min(batch_size, max_batch_tokens // bucket))
+    return -(-rows // multiple) * multiple
 
 
 def make_batch(groups: list[Group], bucket: int, rows: list[list[int]], batch_rows: int) -> Batch:

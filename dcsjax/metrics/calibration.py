@@ -76,7 +76,6 @@ def forced_answer(d: Distributions) -> tuple[jax.Array, jax.Array]:
 
 def _ece(confidence: jax.Array, hit: jax.Array, bin_of: jax.Array, bins: int) -> jax.Array:
     n = confidence.shape[0]
-    count = jax.ops.segment_sum(jnp.ones_like(confidence), bin_of, bins)
     conf_sum = jax.ops.segment_sum(confidence, bin_of, bins)
     hit_sum = jax.ops.segment_sum(hit.astype(confidence.dtype), bin_of, bins)
     return jnp.sum(jnp.abs(hit_sum - conf_sum)) / n  # sum_b n_b/N |acc_b - conf_b|

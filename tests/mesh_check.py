@@ -1,0 +1,90 @@
+"""Run by tests/test_sharding.py in a process of its own with 8 simulated CPU devices (JAX_NUM_CPU_DEVICES=8):
+scores on 2x4 and 8x1 meshes against one device, for both real models; prints one JSON line per model."""
+
+import json
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import dcsjax
+from dcsjax.scorer import _batch_logprobs
+from dcsjax.sharding import batch_sharding
+
+TEXTS = [f"Statement {i}: " + " ".join(["the sharded model scores this text"] * (1 + i % 7)) for i in range(24)]
+
+
+def all_gathers(scorer) -> list[tuple[int, ...]]:
+    """Result shapes of every all-gather in the compiled batch kernel."""
+    tokens = jax.device_put(np.zeros((scorer.batch_size, 64), np.int32), batch_sharding(scorer.mesh))
+    hlo = _batch_logprobs.lower(scorer._graphdef, scorer.vocab_chunk, scorer.mesh, scorer._state,
+                                *([tokens] * 5)).compile().as_text()
+    shapes = re.findall(r"= \w+\[([\d,]*)\][^=]*? all-gather(?:-start)?\(", hlo)
+    return [tuple(int(d) for d in s.split(",") if d) for s in shapes]
+
+
+def naive_all_gathers(scorer) -> list[tuple[int, ...]]:
+    """The control: the one-device kernel jitted on the same sharded matrix, leaving the partitioner to
+    reconcile its vocabulary chunks with the shards: it gathers the whole matrix."""
+    from dcsjax.kernels.logprobs import token_logprobs
+
+    w = scorer.model.output_embedding
+    h = jax.device_put(np.zeros((scorer.batch_size, 64, w.shape[1]), np.float32), batch_sharding(scorer.mesh))
+    t = jax.device_put(np.zeros((scorer.batch_size, 64), np.int32), batch_sharding(scorer.mesh))
+    hlo = jax.jit(token_logprobs, static_argnums=3).lower(h, w, t, scorer.vocab_chunk).compile().as_text()
+    shapes = re.findall(r"= \w+\[([\d,]*)\][^=]*? all-gather(?:-start)?\(", hlo)
+    return [tuple(int(d) for d in s.split(",") if d) for s in shapes]
+
+
+def eval_on_mesh(name) -> dict:
+    """`dcsjax eval` (every protocol, APX's decode loop included) on one device and on a 2x4 mesh."""
+    import tempfile
+    from pathlib import Path
+
+    from dcsjax.evaluate import read_records, run_eval
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mesh in (None, "2x4"):
+            folder = Path(tmp) / str(mesh)
+            run_eval(name, ["known_unknowns"], ["mcqa", "apx", "dcs"], folder, limit=6, progress=False, mesh=mesh)
+            out[mesh] = {p: read_records(folder / name / "known_unknowns" / f"{p}.jsonl") for p in ("mcqa", "apx", "dcs")}
+    one, sharded = out[None], out["2x4"]
+    return {"dcs_max_diff": max(abs(a["dcs"] - b["dcs"]) for a, b in zip(one["dcs"], sharded["dcs"])),
+            "mcqa_max_diff": max(abs(x - y) for a, b in zip(one["mcqa"], sharded["mcqa"])
+                                 for x, y in zip(a["loglik"], b["loglik"])),
+            "apx_same_generations": [a["generation"] for a in one["apx"]] == [b["generation"] for b in sharded["apx"]]}
+
+
+def main(names):
+    for name in names:
+        single = dcsjax.load(name, batch_size=8)
+        reference = single.token_logprobs(TEXTS)
+        vocab = single.config.vocab_size
+        del single
+        result = {"model": name, "devices": jax.device_count()}
+        for mesh in ("2x4", "8x1"):
+            scorer = dcsjax.load(name, batch_size=8, mesh=mesh)
+            got = scorer.token_logprobs(TEXTS)
+            embed = scorer.model.embed[...]
+            result[mesh] = {
+                "max_diff": float(max(np.abs(a - b).max() for a, b in zip(got, reference))),
+                "embed_spec": str(embed.sharding.spec),
+                "embed_shard_rows": int(embed.addressable_shards[0].data.shape[0]),
+                "gathered_vocab_sized": [s for s in all_gathers(scorer) if any(d >= vocab // 2 for d in s)],
+                "rows_per_batch_multiple_of_data": scorer._row_multiple,
+            }
+            if mesh == "2x4":
+                result[mesh]["control_gathered"] = [s for s in naive_all_gathers(scorer) if any(d >= vocab // 2 for d in s)]
+            del scorer
+        result["vocab"] = vocab
+        if name == names[0]:
+            result["eval"] = eval_on_mesh(name)
+        print(json.dumps(result), flush=True)
+        jnp.zeros(1).block_until_ready()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
