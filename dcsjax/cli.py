@@ -67,12 +67,19 @@ def cmd_eval(args) -> int:
 
     from dcsjax.evaluate import format_table, run_eval
 
+    if args.distributed or args.coordinator or args.num_processes:
+        from dcsjax.distributed import initialize
+
+        initialize(args.coordinator, args.num_processes, args.process_id)
     start = time.perf_counter()
     summary = run_eval(args.model, args.tasks.split(","), args.protocols.split(","), Path(args.output),
                        limit=args.limit, threshold=args.threshold, batch_size=args.batch_size, dtype=args.dtype,
                        mesh=args.mesh)
-    print(format_table(summary))
-    print(f"\n{time.perf_counter() - start:.0f} s; per-item results and summary.json under {args.output}")
+    import jax
+
+    if jax.process_index() == 0:
+        print(format_table(summary))
+        print(f"\n{time.perf_counter() - start:.0f} s; per-item results and summary.json under {args.output}")
     return 0
 
 
@@ -118,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                        help="parameter dtype; log-probs are float32 either way")
         p.add_argument("--mesh", default=None, help="DATAxMODEL devices, e.g. 2x4 (default: one device)")
+        p.add_argument("--coordinator", default=None, help="HOST:PORT of process 0, for a multi-process run")
+        p.add_argument("--num-processes", type=int, default=None)
+        p.add_argument("--process-id", type=int, default=None)
+        p.add_argument("--distributed", action="store_true",
+                       help="join a multi-process run whose coordinates JAX detects (TPU pod slices, SLURM)")
         p.set_defaults(func=cmd_eval)
     p = sub.add_parser("report", help="figures and a Markdown summary, with intervals, from eval results")
     p.add_argument("results", nargs="+", metavar="RESULTS_DIR")

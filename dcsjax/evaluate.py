@@ -62,6 +62,8 @@ def append_records(path: Path, records: list[dict]) -> None:
 
 
 def run_protocol(protocol: str, scorer, items, card, lc: float, lw: float) -> list[dict]:
+    if not items:  # a process whose share of a short last chunk is empty
+        return []
     if protocol == "aps":
         return run_aps(scorer, items, statements_for(card))
     if protocol == "mcqa":
@@ -106,16 +108,20 @@ def headline_values(protocol: str, records: list[dict]) -> list[float]:
 def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output: Path, limit: int | None = None,
              threshold: float | None = None, batch_size: int = 16, progress: bool = True, scorer=None,
              chunk: int = CHUNK, dtype: str = "float32", mesh=None) -> dict:
+    """Every protocol on every task. In a multi-process run (`dcsjax.distributed`), each process scores its
+    share of every chunk and process 0 writes the gathered records; the files equal a single process's."""
     import dcsjax
+    from dcsjax import distributed
 
     for p in protocols:
         if p not in PROTOCOLS:
             raise ValueError(f"unknown protocol {p!r}; known: {', '.join(PROTOCOLS)}")
     lc, lw = loadings_from_threshold(threshold) if threshold is not None else (1.0, 1.0)
     scorer = scorer or dcsjax.load(model, batch_size=batch_size, dtype=dtype, mesh=mesh)
+    lead = distributed.rank() == 0  # the process that reads and writes the files
     output = Path(output)
     summary_path = output / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"rows": []}
+    summary = json.loads(summary_path.read_text()) if lead and summary_path.exists() else {"rows": []}
     rows = [r for r in summary["rows"] if r["model"] != scorer.name or r["task"] not in tasks]
     for task in tasks:
         card = resolve_task(task)
@@ -123,19 +129,25 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
         if limit is not None:
             items = items[:limit]
         folder = output / scorer.name / card.slug
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "errors.jsonl").write_text("".join(json.dumps(e.as_record()) + "\n" for e in errors))
+        if lead:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "errors.jsonl").write_text("".join(json.dumps(e.as_record()) + "\n" for e in errors))
         for protocol in protocols:
             path = folder / f"{protocol}.jsonl"
-            done = {r["id"] for r in read_records(path)}
+            done = set(distributed.from_rank0(sorted(r["id"] for r in read_records(path)) if lead else []))
             todo = [i for i in items if i.id not in done]
             start = time.perf_counter()
-            bar = _bar(progress, len(items), len(items) - len(todo), f"{scorer.name} {card.name} {protocol}")
+            bar = _bar(progress and lead, len(items), len(items) - len(todo), f"{scorer.name} {card.name} {protocol}")
             for s in range(0, len(todo), chunk):
                 part = todo[s:s + chunk]
-                append_records(path, run_protocol(protocol, scorer, part, card, lc, lw))
+                mine = run_protocol(protocol, scorer, distributed.my_share(part), card, lc, lw)
+                records = distributed.gather_in_order(mine, len(part))
+                if lead:
+                    append_records(path, records)
                 bar.update(len(part))
             bar.close()
+            if not lead:
+                continue
             by_id = {r["id"]: r for r in read_records(path)}
             records = [by_id[i.id] for i in items if i.id in by_id]
             metrics = {k: float(v) for k, v in summarise(protocol, records).items()}
@@ -145,9 +157,10 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
                          "ci95": [low, high], "metrics": metrics, "lc": lc, "lw": lw,
                          "seconds": round(time.perf_counter() - start, 2)})
     summary = {"rows": rows}
-    output.mkdir(parents=True, exist_ok=True)
-    summary_path.write_text(json.dumps(summary, indent=1))
-    return summary
+    if lead:
+        output.mkdir(parents=True, exist_ok=True)
+        summary_path.write_text(json.dumps(summary, indent=1))
+    return distributed.from_rank0(summary)
 
 
 def _bar(progress: bool, total: int, initial: int, desc: str):

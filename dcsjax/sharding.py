@@ -29,12 +29,12 @@ def make_mesh(spec: str | Sequence[int] | Mesh | None) -> Mesh | None:
     shape = tuple(int(s) for s in spec.lower().split("x")) if isinstance(spec, str) else tuple(spec)
     if len(shape) != 2 or min(shape) < 1:
         raise ValueError(f"a mesh is data x model, e.g. '2x4', not {spec!r}")
-    have = jax.device_count()
+    have = jax.local_device_count()  # a mesh spans this process's devices; processes split the items
     if math.prod(shape) != have:
         raise ValueError(f"mesh {shape[0]}x{shape[1]} needs {math.prod(shape)} devices; this process has {have} "
                          f"(on CPU, set JAX_NUM_CPU_DEVICES={math.prod(shape)} before starting Python)")
     # Auto axes: XLA's partitioner places the collectives from the parameters' and inputs' shardings.
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.local_devices())
 
 
 def partition_spec(axes: Sequence[str], shape: Sequence[int], mesh: Mesh) -> P:
