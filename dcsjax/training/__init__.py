@@ -1,0 +1,1 @@
+"""DCS as a training objective: the differentiable loss (`loss.py`); the fine-tuning loop follows."""

@@ -1,0 +1,104 @@
+"""The differentiable DCS loss: value against the DCS kernel and a hand-worked CE/KL, gradients against
+finite differences, and its optimum on toy populations (Proposition 1, learned)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.test_util import check_grads
+
+from dcsjax.kernels.dcs import dcs_parts
+from dcsjax.training.loss import dcs_loss
+
+# Two items, options A, B, C and IDK (last); the second has only two options (C padded) and is unanswerable.
+VALID = jnp.array([[1, 1, 1, 1], [1, 1, 0, 1]], bool)
+IDK = jnp.array([[0, 0, 0, 1], [0, 0, 0, 1]], bool)
+CORRECT = jnp.array([[0, 1, 0, 0], [0, 0, 0, 1]], bool)
+LOGITS = jnp.array([[0.3, 1.2, -0.5, 0.1], [0.7, -0.2, 9.0, 0.4]], jnp.float32)  # 9.0 is padding: ignored
+
+
+def test_loss_value_against_the_dcs_kernel_and_hand_worked_ce_kl():
+    start = LOGITS + jnp.array([[0.5, 0, 0, 0], [0, 0.5, 0, 0]])
+    parts = dcs_loss(LOGITS, CORRECT, IDK, VALID, lc=1.0, lw=3.0, beta=0.5, gamma=0.25, start_logits=start)
+    probs = jax.nn.softmax(jnp.where(VALID, LOGITS, -jnp.inf), -1)
+    reference = dcs_parts(probs, CORRECT, IDK, VALID, 1.0, 3.0)["dcs"].mean()
+    assert float(parts.dcs) == pytest.approx(float(reference), abs=1e-6)
+    p = np.exp(LOGITS[0, :3]) / np.exp(LOGITS[0, :3]).sum()  # CE: item 0 only, renormalised over A-C
+    assert float(parts.ce) == pytest.approx(-np.log(p[1]), abs=1e-6)
+    q = [jax.nn.softmax(jnp.where(VALID[i], start[i], -jnp.inf)) for i in range(2)]
+    kl = np.mean([np.sum(np.where(VALID[i], probs[i] * (np.log(probs[i] + 1e-30) - np.log(q[i] + 1e-30)), 0))
+                  for i in range(2)])
+    assert float(parts.kl) == pytest.approx(kl, abs=1e-6)
+    assert float(parts.loss) == pytest.approx(-float(reference) + 0.5 * float(parts.ce) + 0.25 * kl, abs=1e-5)
+
+
+def test_gradients_match_finite_differences():
+    start = LOGITS * 0.5
+    f = lambda x: dcs_loss(x, CORRECT, IDK, VALID, lc=1.0, lw=3.0, beta=0.5, gamma=0.25,  # noqa: E731
+                           start_logits=start).loss
+    check_grads(f, (LOGITS,), order=1, modes=["rev"], atol=2e-2, rtol=2e-2, eps=1e-2)
+    grad = jax.grad(f)(LOGITS)
+    assert float(jnp.abs(grad[1, 2])) == 0.0  # no gradient flows into a padded option
+
+
+def test_dcs_alone_cannot_leave_always_idk_but_ce_can():
+    """An answerable item with pIDK ~ 1: the DCS gradient (1 - pIDK) vanishes; the CE term does not."""
+    logits = jnp.array([[0.0, 0.0, 0.0, 12.0]])
+    correct, idk, valid = CORRECT[:1], IDK[:1], VALID[:1]
+    dcs_only = jax.grad(lambda x: dcs_loss(x, correct, idk, valid).loss)(logits)
+    with_ce = jax.grad(lambda x: dcs_loss(x, correct, idk, valid, beta=1.0).loss)(logits)
+    assert float(jnp.abs(dcs_only).max()) < 1e-4 < float(jnp.abs(with_ce[0, :3]).max())
+
+
+def train(logits, correct, idk, valid, steps=400, **options):
+    opt = optax.adam(0.1)
+    state = opt.init(logits)
+    step = jax.jit(lambda x, s: _step(x, s, opt, correct, idk, valid, options))
+    for _ in range(steps):
+        logits, state = step(logits, state)
+    return logits
+
+
+def _step(x, s, opt, correct, idk, valid, options):
+    grad = jax.grad(lambda y: dcs_loss(y, correct, idk, valid, **options).loss)(x)
+    updates, s = opt.update(grad, s)
+    return optax.apply_updates(x, updates), s
+
+
+@pytest.mark.parametrize("answerable_share,expect", [(0.7, "answer"), (0.3, "abstain")])
+def test_learned_optimum_follows_the_guessing_threshold(answerable_share, expect):
+    """One distribution shared by 10 items (a model that cannot tell them apart): a share q of them have
+    option A right, the rest are unanswerable (IDK right). Minimising -DCS commits to A when q > 1/2 and
+    abstains when q < 1/2 (Proposition 1 at lc = lw = 1), whatever the start."""
+    n = 10
+    answerable = np.arange(n) < int(answerable_share * n)
+    correct = np.zeros((n, 3), bool)
+    correct[answerable, 0] = True
+    correct[~answerable, 2] = True
+    idk = np.zeros((n, 3), bool)
+    idk[:, 2] = True
+    valid = np.ones((n, 3), bool)
+    shared = jnp.zeros((1, 3))
+
+    def loss(x):
+        return dcs_loss(jnp.broadcast_to(x, (n, 3)), correct, idk, valid).loss
+
+    opt, x = optax.adam(0.1), shared
+    state = opt.init(x)
+    for _ in range(300):
+        updates, state = opt.update(jax.grad(loss)(x), state)
+        x = optax.apply_updates(x, updates)
+    p = jax.nn.softmax(x[0])
+    if expect == "answer":
+        assert float(p[0]) > 0.95
+    else:
+        assert float(p[2]) > 0.95
+
+
+def test_free_logits_reach_the_right_answer_or_idk():
+    """With logits free per item, DCS + CE drives each answerable item to its answer and each
+    unanswerable item to IDK."""
+    learned = train(jnp.zeros((2, 4)), CORRECT, IDK, VALID, steps=300, beta=0.3)
+    p = jax.nn.softmax(jnp.where(VALID, learned, -jnp.inf), -1)
+    assert float(p[0, 1]) > 0.95 and float(p[1, 3]) > 0.95
