@@ -1,0 +1,271 @@
+"""Scoring throughput of dcsjax against the peer (transformers + torch on the same GGUF weights) and
+against the machine's measured float32 matmul rate, in one run, on the same texts.
+
+    python bench/throughput.py                      # both models, full grid (about 15 minutes on 2 cores)
+    python bench/throughput.py --models smollm2-135m-instruct --quick
+
+Prints tables and writes bench/results/throughput-<time>.json. Needs the test extra (torch).
+
+Workloads (real text, BIG-bench):
+- statements: 512 declarative statements of 8 to 40 tokens (APS statements of the demo tasks);
+- long: 128 questions of 100 to 250 tokens (the 256-token bucket);
+- options: logical_deduction/five_objects, long questions with five options each, scored with the shared
+  question (one row: question, then every option) and without (each question-option pair alone).
+Tokens per second count real tokens only (each scored token once; no padding, no document-start token).
+Model FLOPs per token = 2 x (matmul parameters, output head included) + 4 x layers x heads x head_dim x
+(mean attended context); MFU = FLOPs per token x tokens/s / the measured float32 matmul rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+MODELS = ("smollm2-135m-instruct", "gemma3-270m")
+DEMO_TASKS = ("known_unknowns", "logical_deduction_three_objects", "misconceptions", "hindu_knowledge",
+              "general_knowledge")
+
+
+# ------------------------------------------------------------------------------------------ workloads
+def statements(tokenizer, n: int, lo: int, hi: int) -> list[str]:
+    from dcsjax.data.tasks import load_task, resolve_task, statements_for
+
+    out = []
+    for task in DEMO_TASKS:
+        card = resolve_task(task)
+        for item in load_task(card)[0]:
+            out += statements_for(card)(item)
+    lengths = [len(x) for x in tokenizer(out, add_special_tokens=False)["input_ids"]]
+    picked = [t for t, n_tok in zip(out, lengths) if lo <= n_tok <= hi]
+    if len(picked) < n:
+        raise SystemExit(f"only {len(picked)} texts of {lo}-{hi} tokens in the demo tasks")
+    return picked[:n]
+
+
+def long_texts(tokenizer, n: int) -> list[str]:
+    from dcsjax.data.tasks import load_task, resolve_task
+
+    texts = []
+    for task in ("bigbench:logical_deduction/seven_objects", "bigbench:logical_deduction/five_objects"):
+        texts += [f"{i.question} The answer is {i.choices[i.correct[0]]}" for i in load_task(resolve_task(task))[0]]
+    lengths = [len(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return [t for t, k in zip(texts, lengths) if 100 <= k <= 250][:n]
+
+
+def option_items(n: int):
+    from dcsjax.data.tasks import load_task, resolve_task
+    from dcsjax.protocols.likelihood import mcqa_context
+
+    items = load_task(resolve_task("bigbench:logical_deduction/five_objects"))[0][:n]
+    return [mcqa_context(i) for i in items], [[" " + c for c in i.choices] for i in items]
+
+
+# ------------------------------------------------------------------------------------------ the limit
+def matmul_rate(dtype: str = "float32") -> float:
+    """Best float32 (or bf16) GFLOP/s of a jitted square matmul, over a few sizes."""
+    import jax
+    import jax.numpy as jnp
+
+    best = 0.0
+    for n in (512, 1024, 2048):
+        a = jnp.ones((n, n), dtype)
+        f = jax.jit(lambda x, y: x @ y)
+        f(a, a).block_until_ready()
+        reps = max(3, int(2e10 / (2 * n ** 3)))
+        start = time.perf_counter()
+        for _ in range(reps):
+            out = f(a, a)
+        out.block_until_ready()
+        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def flops_per_token(config, mean_context: float) -> float:
+    c = config
+    per_layer = c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * \
+        c.hidden_size + 3 * c.hidden_size * c.mlp_size
+    matmul_params = c.num_layers * per_layer + c.vocab_size * c.hidden_size
+    return 2 * matmul_params + 4 * c.num_layers * c.num_heads * c.head_dim * mean_context
+
+
+def slot_use(scorer, id_lists) -> float:
+    """Real tokens / token slots computed (rows x bucket length over every batch, padding rows included)."""
+    from dcsjax.kernels.packing import Group, plan_batches, rows_per_batch
+
+    plan = plan_batches([Group(tuple(x)).room for x in id_lists], scorer.batch_size, scorer.buckets, scorer.pack,
+                        scorer.max_batch_tokens)
+    slots = sum(bucket * rows_per_batch(bucket, scorer.batch_size, scorer.max_batch_tokens) for bucket, _ in plan)
+    return round(sum(len(x) - 1 for x in id_lists) / slots, 3)
+
+
+# ------------------------------------------------------------------------------------------ runners
+def timed(fn, repeats: int = 2) -> tuple[float, object]:
+    """Best wall time of `repeats` runs after one warm-up (which compiles)."""
+    result = fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def dcsjax_statements(scorer, texts, batch_size: int, pack: bool, repeats: int):
+    from dcsjax.scorer import Scorer
+
+    scorer.batch_size, scorer.pack = batch_size, pack
+    before = Scorer.compile_count()
+    scorer.token_logprobs(texts)  # warm-up: compiles each bucket once
+    compiles = Scorer.compile_count() - before
+    seconds, lps = timed(lambda: scorer.token_logprobs(texts), repeats)
+    return seconds, lps, compiles
+
+
+class Peer:
+    """lm-eval's HF backend, in effect: right-padded batches, full logits, log_softmax, gather."""
+
+    def __init__(self, name: str, dtype: str):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from dcsjax.fetch import fetch_model
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        path = fetch_model(name)
+        self.torch = torch
+        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+        self.model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype).eval()
+
+    def token_logprobs(self, ids: list[list[int]], batch_size: int, sort: bool = True) -> list[np.ndarray]:
+        torch = self.torch
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i])) if sort else list(range(len(ids)))
+        out: list[np.ndarray | None] = [None] * len(ids)
+        with torch.inference_mode():
+            for s in range(0, len(order), batch_size):
+                chunk = order[s:s + batch_size]
+                width = max(len(ids[i]) for i in chunk)
+                x = torch.zeros((len(chunk), width), dtype=torch.long)
+                mask = torch.zeros_like(x)
+                for r, i in enumerate(chunk):
+                    x[r, :len(ids[i])] = torch.tensor(ids[i])
+                    mask[r, :len(ids[i])] = 1
+                logits = self.model(input_ids=x, attention_mask=mask).logits
+                lp = torch.log_softmax(logits.float(), -1)[:, :-1].gather(2, x[:, 1:, None])[..., 0]
+                for r, i in enumerate(chunk):
+                    out[i] = lp[r, :len(ids[i]) - 1].numpy()
+        return out
+
+
+# ------------------------------------------------------------------------------------------ the run
+def bench_model(name: str, quick: bool, peak: dict) -> list[dict]:
+    import dcsjax
+
+    rows = []
+    scorer = dcsjax.load(name)
+    config = scorer.config
+    n_statements, n_long, n_items = (64, 16, 8) if quick else (512, 128, 48)
+    repeats = 1
+    texts = statements(scorer.tokenizer, n_statements, 8, 40)
+    long = long_texts(scorer.tokenizer, n_long)
+    ids = [[scorer.document_start_id, *x] for x in scorer.encode(texts)]
+    long_ids = [[scorer.document_start_id, *x] for x in scorer.encode(long)]
+
+    def row(workload, engine, dtype, tokens, seconds, mean_context, **extra):
+        rate = tokens / seconds
+        flops = flops_per_token(config, mean_context)
+        rows.append({"model": name, "workload": workload, "engine": engine, "dtype": dtype, "tokens": tokens,
+                     "seconds": round(seconds, 3), "tokens_per_s": round(rate, 1),
+                     "mfu": round(flops * rate / (peak[dtype] * 1e9), 4), **extra})
+        print(f"  {workload:10s} {engine:8s} {dtype:8s} {extra}  {rate:8.0f} tok/s", flush=True)
+
+    def context_of(id_lists):
+        return float(np.mean([np.mean(np.arange(1, len(x))) for x in id_lists]))
+
+    peer_best = {}
+    for workload, data, data_ids in (("statements", texts, ids), ("long", long, long_ids)):
+        tokens = sum(len(x) - 1 for x in data_ids)
+        ctx = context_of(data_ids)
+        f32 = None
+        for dtype in ("float32", "bfloat16"):
+            s = dcsjax.load(name, dtype=dtype) if dtype == "bfloat16" else scorer
+            for batch_size in ((16,) if quick or workload == "long" else (8, 16, 32)):
+                for pack in ((True,) if quick or workload == "long" else (True, False)):
+                    if dtype == "bfloat16" and (not pack or batch_size != 16):
+                        continue  # bf16: the default configuration only
+                    seconds, lps, compiles = dcsjax_statements(s, data, batch_size, pack, repeats)
+                    extra = {"batch_size": batch_size, "pack": pack, "compiles": compiles,
+                             "slot_use": slot_use(s, data_ids)}
+                    if dtype == "float32" and f32 is None:
+                        f32 = lps
+                    if dtype == "bfloat16":
+                        extra["mean_abs_diff_from_f32"] = float(np.mean(np.abs(np.concatenate(lps) - np.concatenate(f32))))
+                        s.batch_size, s.pack = 1, False  # the same texts alone, as for the peer below
+                        ones = s.token_logprobs(data[:16])
+                        extra["batch_size_shift"] = float(max(np.abs(a - b).max() for a, b in zip(lps[:16], ones)))
+                    row(workload, "dcsjax", dtype, tokens, seconds, ctx, **extra)
+            peer = Peer(name, dtype)
+            best = None
+            for batch_size in ((16,) if quick else (8, 16, 32, 64)):
+                for sort in ((True,) if quick or batch_size != 16 else (True, False)):
+                    seconds, lps = timed(lambda: peer.token_logprobs(data_ids, batch_size, sort), repeats)
+                    extra = {"batch_size": batch_size, "sorted": sort}
+                    if dtype == "bfloat16" and batch_size == 16 and sort:
+                        ones = peer.token_logprobs(data_ids[:16], 1)  # the same texts alone
+                        extra["batch_size_shift"] = float(max(np.abs(a - b).max() for a, b in zip(lps[:16], ones)))
+                    row(workload, "peer", dtype, tokens, seconds, ctx, **extra)
+                    best = max(best or 0.0, tokens / seconds)
+            peer_best[(workload, dtype)] = best
+            del peer
+
+    contexts, options = option_items(n_items)
+    flat_ctx = [c for c, opts in zip(contexts, options) for _ in opts]
+    flat_opt = [o for opts in options for o in opts]
+    scored = sum(len(scorer.split_encode(c, o)[1]) for c, o in zip(flat_ctx, flat_opt))
+    scorer.batch_size, scorer.pack = 16, True
+    shared, _ = timed(lambda: scorer.option_logprobs(contexts, options), repeats)
+    alone, _ = timed(lambda: scorer.score_continuations(flat_ctx, flat_opt), repeats)
+    # option tokens only: the question is context, computed but not scored
+    row("options", "dcsjax", "float32", scored, shared, 0.0, shared_question=True, options=len(options[0]))
+    row("options", "dcsjax", "float32", scored, alone, 0.0, shared_question=False, options=len(options[0]),
+        speedup_from_sharing=round(alone / shared, 2))
+    for r in rows:
+        if r["engine"] == "dcsjax" and (r["workload"], r["dtype"]) in peer_best:
+            r["ratio_to_peer_best"] = round(r["tokens_per_s"] / peer_best[r["workload"], r["dtype"]], 2)
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--quick", action="store_true", help="a small grid, to check the script runs")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = parser.parse_args(argv)
+    import jax
+
+    peak = {"float32": matmul_rate("float32"), "bfloat16": matmul_rate("bfloat16")}
+    print(f"{jax.devices()[0].device_kind}, {os.cpu_count()} cores: matmul {peak['float32']:.0f} GFLOP/s float32, "
+          f"{peak['bfloat16']:.0f} bfloat16", flush=True)
+    rows = []
+    for name in args.models.split(","):
+        print(name, flush=True)
+        rows += bench_model(name, args.quick, peak)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"throughput-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps({"matmul_gflops": peak, "device": jax.devices()[0].device_kind,
+                                "cores": os.cpu_count(), "rows": rows}, indent=1))
+    print(f"\n{path}")
+
+
+if __name__ == "__main__":
+    main()

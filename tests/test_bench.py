@@ -1,0 +1,31 @@
+"""The benchmark scripts run end to end and write their tables (their speeds are reported, never asserted)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(args, tmp_path):
+    out = subprocess.run([sys.executable, *args, "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=900, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (path,) = tmp_path.glob("*.json")
+    return json.loads(path.read_text())
+
+
+def test_throughput_script_quick(tmp_path):
+    result = run(["bench/throughput.py", "--models", "smollm2-135m-instruct", "--quick"], tmp_path)
+    assert result["matmul_gflops"]["float32"] > 0
+    engines = {(r["workload"], r["engine"], r["dtype"]) for r in result["rows"]}
+    assert ("statements", "dcsjax", "float32") in engines and ("statements", "peer", "float32") in engines
+    assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in result["rows"])
+    shared = [r for r in result["rows"] if r["workload"] == "options"]
+    assert {r["shared_question"] for r in shared} == {True, False}
+
+
+def test_gpu_script_small_config_on_cpu(tmp_path):
+    result = run(["bench/gpu_llama1b.py", "--small"], tmp_path)
+    assert len(result["rows"]) == 3 and all(r["tokens_per_s"] > 0 for r in result["rows"])
