@@ -225,7 +225,7 @@ def bench_model(name: str, quick: bool, peak: dict) -> list[dict]:
                     row(workload, "peer", dtype, tokens, seconds, ctx, **extra)
                     best = max(best or 0.0, tokens / seconds)
             peer_best[(workload, dtype)] = best
-            del peer
+            peer = None  # free the torch model before the next one loads
 
     contexts, options = option_items(n_items)
     flat_ctx = [c for c, opts in zip(contexts, options) for _ in opts]
