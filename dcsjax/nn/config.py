@@ -73,6 +73,14 @@ class DecoderConfig:
     def local_layers(self) -> tuple[bool, ...]:
         return self.layer_is_local or (False,) * self.num_layers
 
+    def flops_per_token(self, mean_context: float) -> float:
+        """Forward FLOPs of one token: 2 x the matmul parameters (output head included) + the attention
+        scores and mixing over `mean_context` keys (4 x layers x heads x head_dim x context)."""
+        per_layer = self.hidden_size * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim + \
+            self.num_heads * self.head_dim * self.hidden_size + 3 * self.hidden_size * self.mlp_size
+        matmul_params = self.num_layers * per_layer + self.vocab_size * self.hidden_size
+        return 2 * matmul_params + 4 * self.num_layers * self.num_heads * self.head_dim * mean_context
+
 
 # --------------------------------------------------------------------------------------------------
 # GGUF metadata
