@@ -24,28 +24,13 @@ from flax import nnx
 from dcsjax.nn.config import DecoderConfig
 from dcsjax.nn.decoder import Decoder
 from dcsjax.scorer import Scorer
+from peak import matmul_rate  # bench/peak.py, beside this script
 
 LLAMA_1B = DecoderConfig(architecture="llama", vocab_size=128256, hidden_size=2048, num_layers=16, num_heads=32,
                          num_kv_heads=8, head_dim=64, mlp_size=8192, rms_eps=1e-5, rope_base=500000.0,
                          max_context=8192, tie_embeddings=True)
 SMALL = DecoderConfig(architecture="llama", vocab_size=4096, hidden_size=128, num_layers=2, num_heads=4,
                       num_kv_heads=2, head_dim=32, mlp_size=256, rms_eps=1e-5, rope_base=10000.0, max_context=1024)
-
-
-def matmul_rate(n: int, dtype=jnp.bfloat16, work: float = 2e13) -> float:
-    """Best TFLOP/s of a jitted n x n matmul (float32 accumulation), timing about `work` FLOPs a try."""
-    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
-    f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32).astype(dtype))
-    f(a, a).block_until_ready()
-    reps = max(3, int(work / (2 * n ** 3)))
-    best = 0.0
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(reps):
-            out = f(a, a)
-        out.block_until_ready()
-        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - start) / 1e12)
-    return best
 
 
 def main(argv=None) -> None:
@@ -55,7 +40,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     config = SMALL if args.small else LLAMA_1B
     device = jax.devices()[0]
-    peak = matmul_rate(512, work=2e9) if args.small else matmul_rate(8192)
+    peak = (matmul_rate((512,), jnp.bfloat16, 2e9) if args.small else matmul_rate((8192,), jnp.bfloat16, 2e13)) / 1e12
     print(f"{device.device_kind}: bf16 matmul {peak:.1f} TFLOP/s measured", flush=True)
 
     model = Decoder(config, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))

@@ -71,25 +71,6 @@ def option_items(n: int):
 
 
 # ------------------------------------------------------------------------------------------ the limit
-def matmul_rate(dtype: str = "float32") -> float:
-    """Best float32 (or bf16) GFLOP/s of a jitted square matmul, over a few sizes."""
-    import jax
-    import jax.numpy as jnp
-
-    best = 0.0
-    for n in (512, 1024, 2048):
-        a = jnp.ones((n, n), dtype)
-        f = jax.jit(lambda x, y: x @ y)
-        f(a, a).block_until_ready()
-        reps = max(3, int(2e10 / (2 * n ** 3)))
-        start = time.perf_counter()
-        for _ in range(reps):
-            out = f(a, a)
-        out.block_until_ready()
-        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - start) / 1e9)
-    return best
-
-
 def slot_use(scorer, id_lists) -> float:
     """Real tokens / token slots computed (rows x bucket length over every batch, padding rows included)."""
     from dcsjax.kernels.packing import Group, plan_batches, rows_per_batch
@@ -249,7 +230,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     import jax
 
-    peak = {"float32": matmul_rate("float32"), "bfloat16": matmul_rate("bfloat16")}
+    from peak import matmul_rate
+
+    peak = {dtype: matmul_rate(dtype=dtype) / 1e9 for dtype in ("float32", "bfloat16")}  # GFLOP/s
     print(f"{jax.devices()[0].device_kind}, {os.cpu_count()} cores: matmul {peak['float32']:.0f} GFLOP/s float32, "
           f"{peak['bfloat16']:.0f} bfloat16", flush=True)
     rows = []

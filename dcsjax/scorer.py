@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -20,6 +19,7 @@ from dcsjax.errors import InputError
 from dcsjax.kernels.logprobs import reduce_logprobs, sharded_token_logprobs, token_logprobs
 from dcsjax.kernels.packing import BUCKET_MULTIPLE, DEFAULT_BUCKETS, Group, make_batch, plan_batches, rows_per_batch
 from dcsjax.nn.decoder import Decoder
+from dcsjax.sharding import batch_sharding
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -56,8 +56,11 @@ class Scorer:
             raise ValueError(f"buckets must be increasing multiples of {BUCKET_MULTIPLE}, not {self.buckets}")
         self.max_length = self.buckets[-1]  # tokens per sequence, document start included
         self._graphdef, self._state = nnx.split(self.model)
-        # Rows of a batch are split over the mesh's data axis, so a batch holds a multiple of its size.
-        self._row_multiple = self.mesh.shape["data"] if self.mesh is not None else 1
+
+    @property
+    def _row_multiple(self) -> int:
+        """Rows of a batch are split over the mesh's data axis, so a batch holds a multiple of its size."""
+        return self.mesh.shape["data"] if self.mesh is not None else 1
 
     @property
     def config(self):
@@ -163,17 +166,14 @@ class Scorer:
         out = [(np.zeros(0, np.float32), [None] * len(g.suffixes)) for g in groups]
         plan = plan_batches([g.room for g in groups], self.batch_size, self.buckets, self.pack, self.max_batch_tokens,
                             self._row_multiple)
+        rows_sharding = batch_sharding(self.mesh) if self.mesh is not None else None
         pending = None  # one batch in flight while the next is being prepared
         for bucket, rows in self._progress(plan, total=len(groups)):
             batch = make_batch(groups, bucket, rows, rows_per_batch(bucket, self.batch_size, self.max_batch_tokens,
                                                                     self._row_multiple))
             arrays = (batch.tokens, batch.positions, batch.segment_ids, batch.attend_to, batch.targets)
-            if self.mesh is not None:
-                from dcsjax.sharding import batch_sharding
-
-                arrays = jax.device_put(arrays, batch_sharding(self.mesh))
-            result = _batch_logprobs(self._graphdef, self.vocab_chunk, self.mesh, self._state,
-                                     *map(jnp.asarray, arrays))
+            arrays = jax.device_put(arrays, rows_sharding)  # None: the default device
+            result = _batch_logprobs(self._graphdef, self.vocab_chunk, self.mesh, self._state, *arrays)
             if pending is not None:
                 self._collect(*pending, out)
             pending = (batch, result)

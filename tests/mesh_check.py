@@ -19,8 +19,12 @@ TEXTS = [f"Statement {i}: " + " ".join(["the sharded model scores this text"] * 
 def all_gathers(scorer) -> list[tuple[int, ...]]:
     """Result shapes of every all-gather in the compiled batch kernel."""
     tokens = jax.device_put(np.zeros((scorer.batch_size, 64), np.int32), batch_sharding(scorer.mesh))
-    hlo = _batch_logprobs.lower(scorer._graphdef, scorer.vocab_chunk, scorer.mesh, scorer._state,
-                                *([tokens] * 5)).compile().as_text()
+    compiled = _batch_logprobs.lower(scorer._graphdef, scorer.vocab_chunk, scorer.mesh, scorer._state,
+                                     *([tokens] * 5)).compile()
+    return gathered_shapes(compiled.as_text())
+
+
+def gathered_shapes(hlo: str) -> list[tuple[int, ...]]:
     shapes = re.findall(r"= \w+\[([\d,]*)\][^=]*? all-gather(?:-start)?\(", hlo)
     return [tuple(int(d) for d in s.split(",") if d) for s in shapes]
 
@@ -33,9 +37,8 @@ def naive_all_gathers(scorer) -> list[tuple[int, ...]]:
     w = scorer.model.output_embedding
     h = jax.device_put(np.zeros((scorer.batch_size, 64, w.shape[1]), np.float32), batch_sharding(scorer.mesh))
     t = jax.device_put(np.zeros((scorer.batch_size, 64), np.int32), batch_sharding(scorer.mesh))
-    hlo = jax.jit(token_logprobs, static_argnums=3).lower(h, w, t, scorer.vocab_chunk).compile().as_text()
-    shapes = re.findall(r"= \w+\[([\d,]*)\][^=]*? all-gather(?:-start)?\(", hlo)
-    return [tuple(int(d) for d in s.split(",") if d) for s in shapes]
+    compiled = jax.jit(token_logprobs, static_argnums=3).lower(h, w, t, scorer.vocab_chunk).compile()
+    return gathered_shapes(compiled.as_text())
 
 
 def eval_on_mesh(name) -> dict:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dcsjax.analysis.scaling import bootstrap_band, break_even, fit_curves
+from dcsjax.evaluate import headline_values, read_records
 from dcsjax.metrics import (
     DEFAULT_THRESHOLDS,
     Distributions,
@@ -57,8 +58,6 @@ def _model_info(name: str, sizes: dict) -> tuple[float | None, str | None]:
 
 def load_results(dirs: list[Path], sizes: dict | None = None) -> dict[str, ModelResults]:
     """Every model's per-item records under the results folders; a later folder's task replaces an earlier's."""
-    from dcsjax.evaluate import read_records
-
     models: dict[str, ModelResults] = {}
     for root in map(Path, dirs):
         if not root.is_dir():
@@ -77,9 +76,8 @@ def load_results(dirs: list[Path], sizes: dict | None = None) -> dict[str, Model
 
 # ------------------------------------------------------------------------------------------- metrics table
 def _accuracy(protocol: str, records: list[dict]) -> np.ndarray:
-    if protocol == "mcqa":
-        return np.array([r["correct"]["sum"] for r in records], np.float64)
-    return np.array([r["correct"] for r in records], np.float64)
+    """Per-item correctness of APS, APX or MCQA-LL (sum): their headline values."""
+    return np.asarray(headline_values(protocol, records), np.float64)
 
 
 def metric_rows(models: dict[str, ModelResults], n_boot: int = 1000) -> list[dict]:
@@ -126,8 +124,6 @@ def metric_rows(models: dict[str, ModelResults], n_boot: int = 1000) -> list[dic
 def model_differences(models: dict[str, ModelResults], n_boot: int = 1000) -> list[dict]:
     """Each later model against the first, per task and protocol, on the items both scored: the headline
     metric's difference with a paired bootstrap interval."""
-    from dcsjax.evaluate import headline_values
-
     rows = []
     names = list(models)
     for other in names[1:]:
@@ -275,16 +271,22 @@ def _distributions(m: ModelResults, task: str, protocol: str) -> Distributions |
     return Distributions.from_records(records) if records and "correct_options" in records[0] else None
 
 
+def _each_distribution(models: dict[str, ModelResults], task: str):
+    """(colour, line style, label, Distributions) for every model and DCS elicitation that scored `task`."""
+    for i, m in enumerate(models.values()):
+        for protocol, style in zip(DCS_PROTOCOLS, ("-", "--")):
+            if (d := _distributions(m, task, protocol)) is not None:
+                yield f"C{i}", style, f"{m.name} {protocol}", d
+
+
 def dcs_spectrum_figure(models: dict[str, ModelResults], tasks: list[str], path: Path) -> None:
     """Mean DCS against the target threshold t (lc = 1, lw = t/(1-t)) per model and elicitation."""
     plt = _plt()
     fig, axes = _task_grid(plt, tasks)
     for ax, task in zip(axes, tasks):
-        for i, m in enumerate(models.values()):
-            for protocol, style in zip(DCS_PROTOCOLS, ("-", "--")):
-                if (d := _distributions(m, task, protocol)) is not None:
-                    ax.plot(DEFAULT_THRESHOLDS, np.asarray(loading_spectrum(d, DEFAULT_THRESHOLDS)), style,
-                            color=f"C{i}", marker=".", label=f"{m.name} {protocol}")
+        for colour, style, label, d in _each_distribution(models, task):
+            ax.plot(DEFAULT_THRESHOLDS, np.asarray(loading_spectrum(d, DEFAULT_THRESHOLDS)), style, color=colour,
+                    marker=".", label=label)
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.set_title(task, fontsize=9)
         ax.set_xlabel("target threshold t")
@@ -299,12 +301,9 @@ def risk_coverage_figure(models: dict[str, ModelResults], tasks: list[str], path
     plt = _plt()
     fig, axes = _task_grid(plt, tasks)
     for ax, task in zip(axes, tasks):
-        for i, m in enumerate(models.values()):
-            for protocol, style in zip(DCS_PROTOCOLS, ("-", "--")):
-                if (d := _distributions(m, task, protocol)) is not None:
-                    coverage, risk = risk_coverage(d)
-                    ax.plot(coverage, risk, style, color=f"C{i}",
-                            label=f"{m.name} {protocol} (AURC {float(aurc(d)):.2f})")
+        for colour, style, label, d in _each_distribution(models, task):
+            coverage, risk = risk_coverage(d)
+            ax.plot(coverage, risk, style, color=colour, label=f"{label} (AURC {float(aurc(d)):.2f})")
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
         ax.set_title(task, fontsize=9)

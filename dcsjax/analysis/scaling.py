@@ -31,6 +31,11 @@ FAMILIES: dict[str, tuple[Curve, Callable[[np.ndarray, np.ndarray], list[list[fl
 }
 
 
+def n_params(family: str) -> int:
+    """Free parameters of a family: its curve's arguments after x."""
+    return FAMILIES[family][0].__code__.co_argcount - 1
+
+
 @dataclass(frozen=True)
 class Fit:
     family: str
@@ -75,8 +80,7 @@ def fit_curves(log10_size, accuracy, families=tuple(FAMILIES)) -> list[Fit]:
     """Every family that can be fitted (more points than parameters), best AIC first."""
     x, y = np.asarray(log10_size, np.float64), np.asarray(accuracy, np.float64)
     centre = float(x.mean())
-    fits = [f for name in families if len(x) > len(FAMILIES[name][1](x - centre, y)[0])
-            and (f := _fit_family(name, x, y, centre)) is not None]
+    fits = [f for name in families if len(x) > n_params(name) and (f := _fit_family(name, x, y, centre)) is not None]
     return sorted(fits, key=lambda f: f.aic)
 
 
@@ -91,7 +95,7 @@ def bootstrap_band(log10_size, accuracy, family: str, grid, n_boot: int = 1000, 
     x, y = np.asarray(log10_size, np.float64), np.asarray(accuracy, np.float64)
     curves = []
     for idx in _resamples(len(x), n_boot, seed):
-        if len(np.unique(x[idx])) <= len(FAMILIES[family][1](x, y)[0]):
+        if len(np.unique(x[idx])) <= n_params(family):
             continue  # too few distinct sizes to fit this family
         fit = _fit_family(family, x[idx], y[idx], float(x.mean()))
         if fit is not None:

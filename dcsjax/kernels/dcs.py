@@ -23,6 +23,16 @@ def loadings_from_threshold(t: float) -> tuple[float, float]:
     return 1.0, t / (1.0 - t)
 
 
+def option_masses(probs: jax.Array, correct: jax.Array, idk: jax.Array, valid: jax.Array):
+    """[N, K] distributions -> [N] p_correct, p_wrong, p_idk. A correct IDK option (an unanswerable item)
+    is abstention, not a correct answer; padded entries count nowhere."""
+    probs = jnp.where(valid, probs, 0.0)
+    p_correct = jnp.sum(jnp.where(correct & ~idk, probs, 0.0), axis=-1)
+    p_wrong = jnp.sum(jnp.where(valid & ~correct & ~idk, probs, 0.0), axis=-1)
+    p_idk = jnp.sum(jnp.where(idk, probs, 0.0), axis=-1)
+    return p_correct, p_wrong, p_idk
+
+
 @jax.jit
 def dcs_parts(probs: jax.Array, correct: jax.Array, idk: jax.Array, valid: jax.Array,
               lc: float = 1.0, lw: float = 1.0) -> dict[str, jax.Array]:
@@ -31,11 +41,7 @@ def dcs_parts(probs: jax.Array, correct: jax.Array, idk: jax.Array, valid: jax.A
     probs [N, K] (sums to 1 over valid options), correct, idk, valid [N, K] bool -> dict of [N] arrays:
     dcs, p_correct, p_wrong, p_idk, and the argmax option.
     """
-    probs = jnp.where(valid, probs, 0.0)
-    answer = correct & ~idk  # a correct IDK option is abstention, not a correct answer
-    p_correct = jnp.sum(jnp.where(answer, probs, 0.0), axis=-1)
-    p_idk = jnp.sum(jnp.where(idk, probs, 0.0), axis=-1)
-    p_wrong = jnp.sum(jnp.where(valid & ~correct & ~idk, probs, 0.0), axis=-1)
+    p_correct, p_wrong, p_idk = option_masses(probs, correct, idk, valid)
     return {
         "dcs": dcs(p_correct, p_wrong, p_idk, lc, lw),
         "p_correct": p_correct,

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcsjax.kernels.dcs import dcs
+from dcsjax.kernels.dcs import dcs, option_masses
 
 
 class Distributions(NamedTuple):
@@ -49,15 +49,11 @@ class Distributions(NamedTuple):
         return Distributions(*(x[index] for x in self))
 
 
-def _masked(d: Distributions) -> jax.Array:
-    return jnp.where(d.valid, d.probs, 0.0)
-
-
 def brier_score(d: Distributions) -> jax.Array:
     """Mean over items of sum_k (p_k - y_k)^2 over options and IDK, y one-hot on the right answer (IDK on an
     unanswerable item). Several correct options count as one class holding their summed mass; with one
     correct option this is the usual multi-class Brier score, in [0, 2]."""
-    p = _masked(d)
+    p = jnp.where(d.valid, d.probs, 0.0)
     target = d.correct & d.valid
     p_target = jnp.sum(jnp.where(target, p, 0.0), axis=-1)
     rest = jnp.sum(jnp.where(target, 0.0, p * p), axis=-1)
@@ -129,17 +125,9 @@ def ternary_score(d: Distributions, threshold: float = 0.5) -> jax.Array:
     return jnp.mean(jnp.where(abstain, 0.0, jnp.where(right, 1.0, -penalty)))
 
 
-def dcs_parts_of(d: Distributions) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """[N] p_correct, p_wrong, p_idk (a correct IDK option is abstention, not a correct answer)."""
-    p = _masked(d)
-    answer = d.correct & ~d.idk
-    return (jnp.sum(jnp.where(answer, p, 0.0), -1), jnp.sum(jnp.where(d.valid & ~d.correct & ~d.idk, p, 0.0), -1),
-            jnp.sum(jnp.where(d.idk, p, 0.0), -1))
-
-
 def loading_spectrum(d: Distributions, thresholds: jax.Array) -> jax.Array:
     """[T] mean DCS at each target threshold t (lc = 1, lw = t/(1-t)): paper 000's risk profile."""
-    pc, pw, pidk = dcs_parts_of(d)
+    pc, pw, pidk = option_masses(*d)
     return jax.vmap(lambda t: jnp.mean(dcs(pc, pw, pidk, 1.0, t / (1.0 - t))))(jnp.asarray(thresholds))
 
 

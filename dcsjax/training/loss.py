@@ -19,7 +19,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dcsjax.kernels.dcs import dcs
+from dcsjax.kernels.dcs import dcs, option_masses
 
 NEG = -1e30  # a finite "minus infinity": padded options get no mass and no NaN gradients
 
@@ -41,12 +41,9 @@ def dcs_loss(logits: jax.Array, correct: jax.Array, idk: jax.Array, valid: jax.A
     logits = jnp.where(valid, logits.astype(jnp.float32), NEG)
     log_p = jax.nn.log_softmax(logits, axis=-1)
     p = jnp.exp(log_p)
-    answer = correct & ~idk
-    p_correct = jnp.sum(jnp.where(answer, p, 0.0), -1)
-    p_idk = jnp.sum(jnp.where(idk, p, 0.0), -1)
-    p_wrong = jnp.sum(jnp.where(valid & ~correct & ~idk, p, 0.0), -1)
-    mean_dcs = jnp.mean(dcs(p_correct, p_wrong, p_idk, lc, lw))
+    mean_dcs = jnp.mean(dcs(*option_masses(p, correct, idk, valid), lc, lw))
 
+    answer = correct & ~idk
     options = valid & ~idk  # the answer options, IDK excluded
     answerable = jnp.any(answer, -1)
     log_options = jax.nn.logsumexp(jnp.where(options, logits, NEG), -1)
