@@ -52,13 +52,18 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
         card = model_card(text)
         path = fetch_model(text, quiet=not progress)
     if path.is_dir():
+        from dcsjax.checkpoints.export import saved_card
+
+        base = saved_card(path)  # a directory dcsjax wrote keeps its model card's prompt format
+        if base is not None and card is None:
+            card = model_card(base)
         model, tokenizer = _load_hf_dir(path, DTYPES[dtype], mesh)
     elif path.suffix == ".gguf" or path.is_file():
         model, tokenizer = _load_gguf(path, DTYPES[dtype], mesh)
     else:
         raise CheckpointError(f"{path}: no such model file or directory")
     start = document_start_id(tokenizer, card, document_start, source=str(path))
-    return Scorer(model, tokenizer, start, name=card.name if card else path.stem, card=card, progress=progress,
+    return Scorer(model, tokenizer, start, name=path.name if path.is_dir() else (card.name if card else path.stem), card=card, progress=progress,
                   mesh=mesh, **scorer_options)
 
 

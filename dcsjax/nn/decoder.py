@@ -92,32 +92,31 @@ class Decoder(nnx.Module):
         values [L, B, T, N, K] (a prefill for `decode_step`).
         """
         c = self.config
-        embed = self.embed[...]
-        x = embed[tokens] * jnp.asarray(c.embed_scale, embed.dtype)  # [B, T, D]
-        masks = attention_masks(c, positions, segment_ids, attend_to)
-        ropes = rope_tables(c, positions)
-        params = self.layers.arrays()
-        is_local = jnp.asarray(c.local_layers)  # [L]
-
-        def block(x, layer):
-            p, local = layer
-            x, kv = decoder_block(c, p, x, Rope(*(jnp.where(local, lo, gl) for lo, gl in zip(ropes.local, ropes.glob))),
-                                  jnp.where(local, masks.local, masks.glob))
-            return x, (kv if return_kv else None)
-
-        if remat:
-            block = jax.checkpoint(block)
-        x, kv = jax.lax.scan(block, x, (params, is_local))
+        x, kv = run_blocks(c, self.layers.arrays(), jnp.asarray(c.local_layers), self.embed_tokens(tokens),
+                           positions, segment_ids, attend_to, remat=remat, return_kv=return_kv)
         hidden = rms_norm(x, self.final_norm[...], c.rms_eps, c.norm_offset)
         return (hidden, kv) if return_kv else hidden
+
+    def embed_tokens(self, tokens: jax.Array) -> jax.Array:
+        """tokens [B, T] -> the residual stream's input [B, T, D]."""
+        embed = self.embed[...]
+        return embed[tokens] * jnp.asarray(self.config.embed_scale, embed.dtype)
+
+    def residual(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array, num_layers: int) -> jax.Array:
+        """The residual stream [B, T, D] after the first `num_layers` blocks (no final norm): the frozen
+        part of a model whose top layers are fine-tuned (dcsjax.training caches it once)."""
+        c = self.config
+        params = {name: value[:num_layers] for name, value in self.layers.arrays().items()}
+        x, _ = run_blocks(c, params, jnp.asarray(c.local_layers[:num_layers]), self.embed_tokens(tokens),
+                          positions, segment_ids)
+        return x
 
     def decode_step(self, tokens: jax.Array, positions: jax.Array, cache_k: jax.Array, cache_v: jax.Array):
         """One new token per row with a KV cache: tokens, positions [B] (a row's next position is also the
         cache slot it writes); cache_k, cache_v [L, B, S, N, K] -> (hidden [B, D], cache_k, cache_v).
         Slots past a row's position are masked, so a right-padded prefill's padding is never seen."""
         c = self.config
-        embed = self.embed[...]
-        x = embed[tokens][:, None] * jnp.asarray(c.embed_scale, embed.dtype)  # [B, 1, D]
+        x = self.embed_tokens(tokens[:, None])  # [B, 1, D]
         slots = jnp.arange(cache_k.shape[2])
         glob = (slots[None, :] <= positions[:, None])[:, None, :]  # [B, 1, S]
         local = glob & ((positions[:, None] - slots[None, :]) < (c.sliding_window or 1 << 30))[:, None, :]
@@ -134,6 +133,25 @@ class Decoder(nnx.Module):
         x, (cache_k, cache_v) = jax.lax.scan(block, x, (self.layers.arrays(), jnp.asarray(c.local_layers),
                                                          cache_k, cache_v))
         return rms_norm(x, self.final_norm[...], c.rms_eps, c.norm_offset)[:, 0], cache_k, cache_v
+
+
+def run_blocks(c: DecoderConfig, params: dict[str, jax.Array], is_local: jax.Array, x: jax.Array,
+               positions: jax.Array, segment_ids: jax.Array, attend_to: jax.Array | None = None, *,
+               remat: bool = False, return_kv: bool = False):
+    """x [B, T, D] through the blocks whose parameters are stacked in `params` (leading axis: those layers,
+    is_local [layers] says which are sliding-window) -> (x [B, T, D], keys and values or None)."""
+    masks = attention_masks(c, positions, segment_ids, attend_to)
+    ropes = rope_tables(c, positions)
+
+    def block(x, layer):
+        p, local = layer
+        x, kv = decoder_block(c, p, x, Rope(*(jnp.where(local, lo, gl) for lo, gl in zip(ropes.local, ropes.glob))),
+                              jnp.where(local, masks.local, masks.glob))
+        return x, (kv if return_kv else None)
+
+    if remat:
+        block = jax.checkpoint(block)
+    return jax.lax.scan(block, x, (params, is_local))
 
 
 class Rope(NamedTuple):
@@ -203,20 +221,29 @@ def apply_rope(x: jax.Array, rope: Rope) -> jax.Array:
     return (x.astype(F32) * cos + rotated.astype(F32) * sin).astype(x.dtype)
 
 
+def project_kv(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope) -> tuple[jax.Array, jax.Array]:
+    """x [B, S, D] (normed) -> keys (normed for Gemma, rotated) and values [B, S, N, K]."""
+    k = jnp.einsum("bsd,dnk->bsnk", x, p["k"])
+    v = jnp.einsum("bsd,dnk->bsnk", x, p["v"])
+    if c.qkv_bias:
+        k, v = k + p["k_bias"], v + p["v_bias"]
+    if c.is_gemma:
+        k = rms_norm(k, p["k_norm"], c.rms_eps, c.norm_offset)
+    return apply_rope(k, rope), v
+
+
 def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, cache=None):
     """-> (output [B, T, D], (keys, values) [B, S, N, K]). With a cache (k, v [B, S, N, K], write [B, S, 1, 1]),
     the new keys and values are written into their slots and the queries attend over the whole cache."""
     b, t, _ = x.shape
     n, g = c.num_kv_heads, c.num_heads // c.num_kv_heads
     q = jnp.einsum("btd,dhk->bthk", x, p["q"])  # [B, T, H, K]
-    k = jnp.einsum("bsd,dnk->bsnk", x, p["k"])  # [B, S, N, K]
-    v = jnp.einsum("bsd,dnk->bsnk", x, p["v"])
     if c.qkv_bias:
-        q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
+        q = q + p["q_bias"]
     if c.is_gemma:
         q = rms_norm(q, p["q_norm"], c.rms_eps, c.norm_offset)
-        k = rms_norm(k, p["k_norm"], c.rms_eps, c.norm_offset)
-    q, k = apply_rope(q, rope), apply_rope(k, rope)
+    q = apply_rope(q, rope)
+    k, v = project_kv(c, p, x, rope)
     if cache is not None:
         k_cache, v_cache, write = cache
         k, v = jnp.where(write, k, k_cache), jnp.where(write, v, v_cache)
@@ -243,3 +270,16 @@ def decoder_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax
     x = x + (norm(h, "post_attn_norm") if c.is_gemma else h)
     h = mlp(c, p, norm(x, "mlp_norm"))
     return x + (norm(h, "post_mlp_norm") if c.is_gemma else h), kv
+
+
+def readout_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, last: jax.Array) -> jax.Array:
+    """A block's output at one position per row, x [B, T, D], last [B] -> [B, D]: keys and values from every
+    position, the query, attention output and MLP at `last` only (mask [B, T, S] as for the whole block).
+    A model read out at one token needs only this from its top block: about 1/T of the block's cost."""
+    rows = jnp.arange(x.shape[0])
+    keys, values = project_kv(c, p, rms_norm(x, p["attn_norm"], c.rms_eps, c.norm_offset), rope)
+    no_write = jnp.zeros((*keys.shape[:2], 1, 1), bool)  # the cache already holds every key, the query's own too
+    at_last = Rope(rope.cos[rows, last][:, None], rope.sin[rows, last][:, None])
+    out, _ = decoder_block(c, p, x[rows, last][:, None], at_last, mask[rows, last][:, None],
+                           cache=(keys, values, no_write))
+    return out[:, 0]
