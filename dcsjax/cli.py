@@ -74,7 +74,7 @@ def cmd_eval(args) -> int:
     start = time.perf_counter()
     summary = run_eval(args.model, args.tasks.split(","), args.protocols.split(","), Path(args.output),
                        limit=args.limit, threshold=args.threshold, batch_size=args.batch_size, dtype=args.dtype,
-                       mesh=args.mesh)
+                       mesh=args.mesh, statements=args.statements)
     import jax
 
     if jax.process_index() == 0:
@@ -95,6 +95,121 @@ def cmd_report(args) -> int:
         return 2
     print(f"figures, metrics.json and {summary}")
     return 0
+
+
+def cmd_train_abstain(args) -> int:
+    from dataclasses import fields
+
+    from dcsjax.training.experiment import run_experiment, summary_table
+    from dcsjax.training.train import TrainConfig
+
+    overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
+                 if f.name not in ("arm", "seed") and getattr(args, f.name, None) is not None}
+    results = run_experiment(args.model, args.out, tasks=args.tasks.split(","), per_task=args.per_task,
+                             arms=args.arms.split(","), seeds=[int(s) for s in args.seeds.split(",")],
+                             top_layers=args.top_layers, base=TrainConfig(**overrides),
+                             export_arm=args.export_arm or None, n_boot=args.n_boot, progress=not args.quiet)
+    print(summary_table(results))
+    print(f"{args.out}: results.json, summary.md, training.png" + (", model/" if "exported" in results else "")
+          + f" ({results['seconds']:.0f} s)")
+    return 0
+
+
+def cmd_statements(args) -> int:
+    from pathlib import Path
+
+    from dcsjax.data.tasks import load_task, resolve_task
+
+    if args.action == "generate":
+        from dcsjax.statements.generate import generate_statements, rejected_path, template_statements
+
+        card = resolve_task(args.task)
+        items, errors = load_task(card)
+        if errors:
+            print(f"{len(errors)} malformed item(s) of {card.name} not used; first: {errors[0].where}: "
+                  f"{errors[0].reason}", file=sys.stderr)
+        items = items[:args.limit]
+        out = Path(args.out)
+        if args.model is None:
+            if card.cloze_blank is None and card.statement_template == "{question} {choice}":
+                print(f"note: {card.name} has no cloze blank; its statements are question + option", file=sys.stderr)
+            counts = template_statements(items, card.name, card, out)
+        else:
+            import dcsjax
+
+            scorer = dcsjax.load(args.model, progress=True)
+            counts = generate_statements(scorer, items, card.name, out, temperature=args.temperature,
+                                         top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                                         batch_size=args.batch_size)
+        total = sum(counts[k] for k in ("kept", "too many", "too few"))
+        print(_table([[card.name, str(total), str(counts["kept"]), str(counts["too many"]), str(counts["too few"]),
+                       str(counts["empty"]), f"{1 - counts['kept'] / max(total, 1):.1%}"]],
+                     ["task", "items", "kept", "too many", "too few", "empty", "filtered"]))
+        print(f"\n{out}" + (f" (filtered items with their outputs: {rejected_path(out)})" if args.model else ""))
+        return 0
+    from dcsjax.statements.validate import format_summary, validate_file
+
+    judge = tokenizer = None
+    if args.judge:
+        import dcsjax
+
+        judge = dcsjax.load(args.judge)
+    if args.tokenizer:
+        import dcsjax
+
+        tokenizer = (judge if args.tokenizer == args.judge else dcsjax.load(args.tokenizer)).tokenizer
+    out = Path(args.out or Path(args.file).with_suffix(""))
+    summary = validate_file(Path(args.file), out, tokenizer=tokenizer, judge=judge)
+    print(format_summary(summary))
+    print(f"\n{out}: validation.jsonl, histograms.png, summary.md")
+    return 0
+
+
+def _statements_parser(sub) -> None:
+    from dcsjax.statements.generate import MAX_NEW_TOKENS, TEMPERATURE, TOP_P
+
+    p = sub.add_parser("statements", help="declarative statements for APS: generate (model or rule) and validate")
+    actions = p.add_subparsers(dest="action", required=True)
+    g = actions.add_parser("generate", help="one statement per option (002 A.1), filtered and counted")
+    g.add_argument("--model", default=None, help="an instruct model; none: the card's cloze blank or template")
+    g.add_argument("--task", required=True)
+    g.add_argument("--out", required=True, help="JSONL of kept items (+ .rejected.jsonl of filtered ones)")
+    g.add_argument("--limit", type=int, default=None, help="the first N items")
+    g.add_argument("--temperature", type=float, default=TEMPERATURE)
+    g.add_argument("--top-p", type=float, default=TOP_P)
+    g.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--batch-size", type=int, default=8)
+    v = actions.add_parser("validate", help="BLEU, length gap and spread against question-answer pairs (002 A.2)")
+    v.add_argument("file")
+    v.add_argument("--out", default=None, help="folder for validation.jsonl, histograms.png, summary.md")
+    v.add_argument("--judge", default=None, help="an instruct model that judges meaning (P(Yes) > P(No))")
+    v.add_argument("--tokenizer", default=None, help="count lengths in this model's tokens (default: words)")
+    p.set_defaults(func=cmd_statements)
+
+
+def _train_parser(sub) -> None:
+    from dcsjax.training.data import DEFAULT_TASKS
+    from dcsjax.training.train import TrainConfig
+
+    d = TrainConfig()
+    p = sub.add_parser("train-abstain", help="fine-tune a model's top layers to abstain (DCS loss) and compare "
+                                             "arms on a held-out split")
+    p.add_argument("--model", default=DEMO_MODEL)
+    p.add_argument("--out", default="runs/abstain", help="run folder: data, features, checkpoints, results")
+    p.add_argument("--tasks", default=",".join(DEFAULT_TASKS))
+    p.add_argument("--per-task", type=int, default=None, help="at most N questions of each task")
+    p.add_argument("--arms", default="start,ce,dcs,dcs+ce")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--top-layers", type=int, default=2, help="blocks fine-tuned at the top; the rest are frozen")
+    p.add_argument("--export-arm", default="dcs+ce", help="arm whose seed-0 model is saved to OUT/model ('' for none)")
+    p.add_argument("--n-boot", type=int, default=1000)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    for name in ("steps", "batch_size", "accumulate", "eval_every", "patience", "ce_warmup", "warmup_steps"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=None, help=f"default {getattr(d, name)}")
+    for name in ("learning_rate", "weight_decay", "beta", "gamma", "lc", "lw"):
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=None, help=f"default {getattr(d, name)}")
+    p.set_defaults(func=cmd_train_abstain)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="the first N items of each task")
         p.add_argument("--threshold", type=float, default=None, help="DCS loadings lc = 1, lw = t / (1 - t)")
         p.add_argument("--output", default="results")
+        p.add_argument("--statements", default=None,
+                       help="APS statements from `dcsjax statements generate`; only the items it holds are scored")
         p.add_argument("--batch-size", type=int, default=16)
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                        help="parameter dtype; log-probs are float32 either way")
@@ -137,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default=None, help="TOML of [model] parameters, variant for models without a card")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples per interval")
     p.set_defaults(func=cmd_report)
+    _train_parser(sub)
+    _statements_parser(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

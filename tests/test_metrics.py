@@ -129,3 +129,21 @@ def test_paired_bootstrap():
     assert (same.difference, same.low, same.high, same.p_value) == (0.0, 0.0, 0.0, 1.0)
     with pytest.raises(ValueError, match="same items"):
         paired_bootstrap(jnp.mean, a, b[:10])
+
+
+def test_abstention_metrics_worked_example():
+    """Four items, options A, B and IDK (last). Chosen entries: item 0 answers right, item 1 answers wrong,
+    item 2 abstains though answerable, item 3 (unanswerable) abstains."""
+    from dcsjax.metrics.calibration import ABSTENTION_METRICS
+
+    probs = jnp.array([[0.7, 0.2, 0.1], [0.2, 0.5, 0.3], [0.3, 0.2, 0.5], [0.1, 0.2, 0.7]])
+    correct = jnp.array([[1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], bool)
+    idk = jnp.array([[0, 0, 1]] * 4, bool)
+    d = Distributions(probs, correct, idk, jnp.ones((4, 3), bool))
+    got = {name: float(f(d)) for name, f in ABSTENTION_METRICS.items()}
+    dcs = [(0.7 - 0.2) * 0.9, (0.2 - 0.5) * 0.7, (0.2 - 0.3) * 0.5, (0.0 - 0.3) * 0.3]
+    assert got["dcs"] == pytest.approx(np.mean(dcs), abs=1e-6)
+    assert got["accuracy"] == pytest.approx(1 / 3)  # of the three answerable items, one answered right
+    assert got["coverage"] == pytest.approx(2 / 4)
+    assert got["abstain_unanswerable"] == pytest.approx(1.0)
+    assert got["over_abstention"] == pytest.approx(1 / 3)

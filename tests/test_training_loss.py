@@ -102,3 +102,15 @@ def test_free_logits_reach_the_right_answer_or_idk():
     learned = train(jnp.zeros((2, 4)), CORRECT, IDK, VALID, steps=300, beta=0.3)
     p = jax.nn.softmax(jnp.where(VALID, learned, -jnp.inf), -1)
     assert float(p[0, 1]) > 0.95 and float(p[1, 3]) > 0.95
+
+
+def test_option_ce_is_plain_cross_entropy_over_options_and_idk():
+    """Item 0: the right answer B among A, B, C, IDK; item 1 (unanswerable): IDK among A, B, IDK."""
+    from dcsjax.training.loss import option_ce
+
+    def ce(row, valid, target):
+        z = np.asarray(row, np.float64)[np.asarray(valid)]
+        return -(z[target] - np.log(np.exp(z).sum()))
+
+    want = (ce(LOGITS[0], VALID[0], 1) + ce(LOGITS[1], VALID[1], 2)) / 2  # item 1: IDK is the third valid entry
+    assert float(option_ce(LOGITS, CORRECT, VALID)) == pytest.approx(want, abs=1e-6)

@@ -6,6 +6,7 @@ distributions (`Distributions`) and aggregates them.
 
 from dcsjax.metrics.bootstrap import Interval, PairedInterval, bootstrap_ci, mean_ci, paired_bootstrap
 from dcsjax.metrics.calibration import (
+    ABSTENTION_METRICS,
     DEFAULT_THRESHOLDS,
     Distributions,
     aurc,
@@ -18,6 +19,6 @@ from dcsjax.metrics.calibration import (
     ternary_score,
 )
 
-__all__ = ["DEFAULT_THRESHOLDS", "Distributions", "Interval", "PairedInterval", "aurc", "bootstrap_ci", "brier_score",
+__all__ = ["ABSTENTION_METRICS", "DEFAULT_THRESHOLDS", "Distributions", "Interval", "PairedInterval", "aurc", "bootstrap_ci", "brier_score",
            "ece", "forced_answer", "loading_spectrum", "mean_ci", "paired_bootstrap", "risk_coverage",
            "selective_accuracy", "ternary_score"]

@@ -115,12 +115,18 @@ def selective_accuracy(d: Distributions, coverage: float) -> jax.Array:
     return 1.0 - risk[k - 1]
 
 
+def choice(d: Distributions) -> tuple[jax.Array, jax.Array]:
+    """[N] abstained (IDK is the most probable entry) and [N] right (a correct answer option is)."""
+    pick = jnp.argmax(jnp.where(d.valid, d.probs, -1.0), axis=-1)
+    abstain = jnp.take_along_axis(d.idk, pick[:, None], axis=-1)[:, 0]
+    right = jnp.take_along_axis(d.correct, pick[:, None], axis=-1)[:, 0] & ~abstain
+    return abstain, right
+
+
 def ternary_score(d: Distributions, threshold: float = 0.5) -> jax.Array:
     """Mean of +1 (choice correct), -t/(1-t) (choice wrong), 0 (IDK chosen): the score under which answering
     pays exactly when one's confidence exceeds t."""
-    choice = jnp.argmax(jnp.where(d.valid, d.probs, -1.0), axis=-1)
-    abstain = jnp.take_along_axis(d.idk, choice[:, None], axis=-1)[:, 0]
-    right = jnp.take_along_axis(d.correct, choice[:, None], axis=-1)[:, 0] & ~abstain
+    abstain, right = choice(d)
     penalty = threshold / (1.0 - threshold)
     return jnp.mean(jnp.where(abstain, 0.0, jnp.where(right, 1.0, -penalty)))
 
@@ -132,3 +138,43 @@ def loading_spectrum(d: Distributions, thresholds: jax.Array) -> jax.Array:
 
 
 DEFAULT_THRESHOLDS = np.round(np.arange(0.5, 0.951, 0.05), 2)
+
+
+# ---------------------------------------------------------------------------------------------- abstention
+def _answerable(d: Distributions) -> jax.Array:
+    return jnp.any(d.correct & ~d.idk & d.valid, axis=-1)
+
+
+def _mean_over(values: jax.Array, where: jax.Array) -> jax.Array:
+    return jnp.sum(jnp.where(where, values, 0.0)) / jnp.maximum(jnp.sum(where), 1)
+
+
+def mean_dcs(d: Distributions) -> jax.Array:
+    return jnp.mean(dcs(*option_masses(*d)))
+
+
+def answer_accuracy(d: Distributions) -> jax.Array:
+    """Answerable items whose most probable entry is a correct option (abstaining counts as not right)."""
+    return _mean_over(choice(d)[1].astype(jnp.float32), _answerable(d))
+
+
+def coverage(d: Distributions) -> jax.Array:
+    """Items answered (an option, not IDK, is the most probable entry)."""
+    return jnp.mean(1.0 - choice(d)[0].astype(jnp.float32))
+
+
+def abstention_unanswerable(d: Distributions) -> jax.Array:
+    """Unanswerable items on which IDK is the most probable entry: abstention where it is right."""
+    return _mean_over(choice(d)[0].astype(jnp.float32), ~_answerable(d))
+
+
+def over_abstention(d: Distributions) -> jax.Array:
+    """Answerable items on which IDK is the most probable entry: abstention where an answer was possible."""
+    return _mean_over(choice(d)[0].astype(jnp.float32), _answerable(d))
+
+
+# What fine-tuning for abstention is judged by, each a jit-able statistic of a batch of items.
+ABSTENTION_METRICS = {
+    "dcs": mean_dcs, "accuracy": answer_accuracy, "coverage": coverage,
+    "abstain_unanswerable": abstention_unanswerable, "over_abstention": over_abstention, "ece": ece,
+}

@@ -57,3 +57,12 @@ def dcs_loss(logits: jax.Array, correct: jax.Array, idk: jax.Array, valid: jax.A
     else:
         kl = jnp.zeros((), jnp.float32)
     return LossParts(-mean_dcs + beta * ce + gamma * kl, mean_dcs, ce, kl)
+
+
+def option_ce(logits: jax.Array, correct: jax.Array, valid: jax.Array) -> jax.Array:
+    """Mean cross-entropy of the right answer over all options, IDK included: plain fine-tuning on the
+    same data (on an unanswerable item the right answer is IDK). logits [N, K], correct/valid [N, K]."""
+    logits = jnp.where(valid, logits.astype(jnp.float32), NEG)
+    log_all = jax.nn.logsumexp(logits, -1)
+    log_correct = jax.nn.logsumexp(jnp.where(correct & valid, logits, NEG), -1)
+    return jnp.mean(log_all - log_correct)

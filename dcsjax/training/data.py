@@ -1,0 +1,95 @@
+"""Data to learn abstention from: answerable and unanswerable versions of real multiple-choice items.
+
+For each question with at least three options, two versions with the same number of options:
+- answerable: one wrong option removed (the correct one stays);
+- unanswerable: the correct option removed, so every remaining option is wrong and the right answer is
+  "I don't know."
+Removing an option from both keeps the option count from giving the answer away: only knowing the
+answer tells the versions apart. Tasks that ship their own IDK choice (BIG-bench `known_unknowns`, whose
+unanswerable questions have the correct option "Unknown") are used as they are.
+
+Splits are disjoint by question: both versions of a question go to the same split, chosen by a hash of
+the task and the normalised question text (so the same question repeated under two ids cannot straddle
+splits). The test split is only ever scored at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+from typing import Sequence
+
+from dcsjax.data.items import Item
+from dcsjax.data.tasks import load_task, resolve_task
+from dcsjax.errors import DcsjaxError
+from dcsjax.protocols.likelihood import IDK_CONTINUATION
+
+# Knowledge tasks of BIG-bench with 4-8 options, plus known_unknowns (its own IDK option).
+DEFAULT_TASKS = ("hindu_knowledge", "general_knowledge", "known_unknowns", "bigbench:emoji_movie",
+                 "bigbench:movie_recommendation", "bigbench:ruin_names")
+SPLITS = ("train", "dev", "test")
+
+
+def question_key(task: str, question: str) -> str:
+    return f"{task}\n{' '.join(question.casefold().split())}"
+
+
+def split_of(key: str, fractions: tuple[float, float, float]) -> str:
+    """A question's split, from a hash of its key: fixed for every run, seed and machine."""
+    u = int(hashlib.sha256(key.encode()).hexdigest()[:12], 16) / 16 ** 12
+    if u < fractions[0]:
+        return "train"
+    return "dev" if u < fractions[0] + fractions[1] else "test"
+
+
+def abstention_versions(item: Item, task: str, rng: random.Random) -> list[Item]:
+    """The answerable and unanswerable versions of one item, each with an explicit IDK option last."""
+    key = question_key(task, item.question)
+    if item.idk is not None:  # the task has its own IDK option: its items are used as they are
+        kind = "answerable" if item.answerable else "unanswerable"
+        return [replace(item, id=f"{item.id}/{kind}", source={**item.source, "version": kind, "group": key})]
+    if len(item.choices) < 3 or len(item.correct) != 1:
+        return []  # two options would leave a single one; several correct ones have no single removal
+    correct = item.correct[0]
+    wrong = [i for i in range(len(item.choices)) if i != correct]
+    versions = []
+    for kind, removed in (("answerable", rng.choice(wrong)), ("unanswerable", correct)):
+        keep = [i for i in range(len(item.choices)) if i != removed]
+        choices = tuple(item.choices[i] for i in keep) + (IDK_CONTINUATION,)
+        idk = len(choices) - 1
+        answer = (keep.index(correct),) if kind == "answerable" else (idk,)
+        versions.append(Item(id=f"{item.id}/{kind}", question=item.question, choices=choices, correct=answer,
+                             idk=idk, source={**item.source, "version": kind, "group": key}))
+    return versions
+
+
+def abstention_splits(tasks: Sequence[str] = DEFAULT_TASKS, *, per_task: int | None = None,
+                      fractions: tuple[float, float, float] = (0.6, 0.2, 0.2),
+                      seed: int = 0) -> dict[str, list[Item]]:
+    """{"train", "dev", "test"} -> items. per_task: at most this many questions of each task (the
+    first ones). `seed` only picks which wrong option the answerable version drops."""
+    rng = random.Random(seed)
+    splits: dict[str, list[Item]] = {name: [] for name in SPLITS}
+    for task in tasks:
+        card = resolve_task(task)
+        items, errors = load_task(card)
+        if errors:
+            raise DcsjaxError(f"task {task}: {len(errors)} malformed item(s), first: {errors[0].where}: "
+                              f"{errors[0].reason}")
+        for item in items[:per_task]:
+            for version in abstention_versions(item, card.name, rng):
+                splits[split_of(version.source["group"], fractions)].append(version)
+    return splits
+
+
+def write_jsonl(items: Sequence[Item], path: Path) -> Path:
+    """Items as a `jsonl:` benchmark file, so `dcsjax eval --tasks jsonl:FILE` scores exactly them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for item in items:
+            f.write(json.dumps({"id": item.id, "question": item.question, "choices": list(item.choices),
+                                "answer": list(item.correct), "idk": item.idk}) + "\n")
+    return path

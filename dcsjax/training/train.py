@@ -1,0 +1,279 @@
+"""Fine-tuning the top layers of a real model for abstention: one arm (loss) and one seed per run.
+
+The trainable parameters are the top `k` blocks and the final norm, taken out of the NNX model as a plain
+pytree: the blocks are stacked along a leading `layers` axis, so "the top k layers" is a slice of every
+block parameter, which no NNX variable filter can express. The lower layers are frozen and their output is
+cached (`features.py`); the embedding (tied to the output head in SmolLM2) stays frozen.
+
+A run is resumable: orbax checkpoints hold the parameters, the optimizer state, the best parameters so
+far and the evaluation log, and the order of the data is a pure function of (seed, step), so a killed run
+continues exactly as it would have.
+
+Arms (`ARMS`): "ce" (cross-entropy of the right answer over options and IDK: plain fine-tuning on the same
+data), "dcs" (-DCS alone), "dcs+ce" (-DCS + beta * CE within the answer options on answerable items, after
+a cross-entropy warm-up that hands over from CE to DCS over `ce_warmup` steps). All may add gamma * KL to
+the starting model's option+IDK distribution.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dcsjax.errors import ConfigError
+from dcsjax.metrics.calibration import ABSTENTION_METRICS, Distributions
+from dcsjax.nn.decoder import attention_masks, readout_block, rms_norm, rope_tables, run_blocks
+from dcsjax.training.features import LetterFeatures
+from dcsjax.training.loss import dcs_loss, option_ce
+
+ARMS = ("ce", "dcs", "dcs+ce")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    arm: str = "dcs+ce"
+    seed: int = 0
+    steps: int = 200  # optimizer updates
+    batch_size: int = 16
+    accumulate: int = 1  # micro-batches summed into one update
+    learning_rate: float = 1e-4
+    warmup_steps: int = 20  # learning-rate warm-up, then cosine decay to a tenth
+    weight_decay: float = 0.01
+    beta: float = 1.0  # CE weight in "dcs+ce"
+    gamma: float = 0.0  # KL-to-start weight
+    ce_warmup: int = 50  # "dcs+ce": steps over which the loss hands over from CE to DCS
+    lc: float = 1.0
+    lw: float = 1.0
+    eval_every: int = 25
+    patience: int = 4  # evaluations without a better dev DCS before stopping
+
+    def __post_init__(self) -> None:
+        if self.arm not in ARMS:
+            raise ValueError(f"arm must be one of {ARMS}, not {self.arm!r}")
+
+
+# ------------------------------------------------------------------------------------------------ model
+def top_params(model, top_layers: int) -> dict:
+    """The trainable pytree: the top blocks' stacked parameters and the final norm (float32 copies)."""
+    return {"layers": {name: jnp.asarray(v[-top_layers:], jnp.float32) for name, v in model.layers.arrays().items()},
+            "final_norm": jnp.asarray(model.final_norm[...], jnp.float32)}
+
+
+def merge_top(model, params: dict) -> None:
+    """Write trained top parameters back into the NNX model (in place)."""
+    for name, value in params["layers"].items():
+        param = getattr(model.layers, name)
+        k = value.shape[0]
+        param.set_value(param[...].at[-k:].set(value.astype(param.dtype)))
+    model.final_norm.set_value(params["final_norm"].astype(model.final_norm.dtype))
+
+
+def letter_logits(c, params: dict, output_embedding: jax.Array, hidden: jax.Array, length: jax.Array,
+                  letters: jax.Array) -> jax.Array:
+    """hidden [B, T, D] (after the frozen layers), length [B], letters [B, K] -> [B, K] float32 logits of
+    each option letter as the next token after the prompt's last token."""
+    top = jax.tree.leaves(params["layers"])[0].shape[0]
+    positions = jnp.broadcast_to(jnp.arange(hidden.shape[1]), hidden.shape[:2])
+    segments = (positions < length[:, None]).astype(jnp.int32)
+    below = jax.tree.map(lambda a: a[:-1], params["layers"])  # every trained block but the last runs whole
+    x, _ = run_blocks(c, below, jnp.asarray(c.local_layers[c.num_layers - top:-1]), hidden, positions, segments)
+    # the last block is read at the prompt's last token only
+    masks, ropes = attention_masks(c, positions, segments), rope_tables(c, positions)
+    local = c.local_layers[-1]
+    last = readout_block(c, jax.tree.map(lambda a: a[-1], params["layers"]), x, ropes.local if local else ropes.glob,
+                         masks.local if local else masks.glob, length - 1)  # [B, D]
+    h = rms_norm(last, params["final_norm"], c.rms_eps, c.norm_offset).astype(jnp.float32)
+    return jnp.einsum("bd,bkd->bk", h, output_embedding[letters].astype(jnp.float32))
+
+
+# ------------------------------------------------------------------------------------------------ loss
+def arm_loss(cfg: TrainConfig, logits, correct, idk, valid, start_logits, step) -> tuple[jax.Array, dict]:
+    parts = dcs_loss(logits, correct, idk, valid, lc=cfg.lc, lw=cfg.lw, start_logits=start_logits)
+    full_ce = option_ce(logits, correct, valid)
+    if cfg.arm == "ce":
+        loss = full_ce
+    elif cfg.arm == "dcs":
+        loss = -parts.dcs
+    else:
+        ramp = jnp.minimum(1.0, step / cfg.ce_warmup) if cfg.ce_warmup > 0 else 1.0
+        loss = -ramp * parts.dcs + (cfg.beta + 1.0 - ramp) * parts.ce
+    loss = loss + cfg.gamma * parts.kl
+    return loss, {"loss": loss, "dcs": parts.dcs, "ce": full_ce}
+
+
+def optimizer_for(cfg: TrainConfig) -> optax.GradientTransformation:
+    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1),
+                                                  max(cfg.steps, cfg.warmup_steps + 1), cfg.learning_rate / 10)
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=cfg.weight_decay))
+
+
+def batch_indices(seed: int, step: int, accumulate: int, batch_size: int, n: int) -> np.ndarray:
+    """[accumulate, batch_size] item indices of one update: a stream of per-epoch shuffles, a pure
+    function of (seed, step) so a resumed run sees exactly the batches it would have."""
+    first = step * accumulate * batch_size
+    where = np.arange(first, first + accumulate * batch_size)
+    epochs = where // n
+    out = np.empty_like(where)
+    for epoch in np.unique(epochs):
+        perm = np.random.default_rng([seed, int(epoch)]).permutation(n)
+        out[epochs == epoch] = perm[where[epochs == epoch] % n]
+    return out.reshape(accumulate, batch_size)
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2))
+def _train_step(c, cfg: TrainConfig, optimizer, params, opt_state, embedding, batch, start_logits, step):
+    """One update from `accumulate` micro-batches (leading axis of every batch array), grads summed."""
+    def micro(grads, mb):
+        (hidden, length, letters, correct, idk, valid), start = mb
+
+        def loss_fn(p):
+            logits = letter_logits(c, p, embedding, hidden, length, letters)
+            return arm_loss(cfg, logits, correct, idk, valid, start, step)
+
+        (_, stats), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        return jax.tree.map(jnp.add, grads, g), stats
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads, stats = jax.lax.scan(micro, zeros, (batch, start_logits))
+    grads = jax.tree.map(lambda g: g / cfg.accumulate, grads)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, jax.tree.map(jnp.mean, stats)
+
+
+@partial(jax.jit, static_argnums=(0,))
+def _logits(c, params, embedding, hidden, length, letters):
+    return letter_logits(c, params, embedding, hidden, length, letters)
+
+
+def predict_logits(c, params, embedding, features: LetterFeatures, batch_size: int = 32) -> np.ndarray:
+    """[N, K] letter logits for every item (padded options: meaningless, masked by `valid`)."""
+    n = len(features)
+    out = np.zeros(features.letters.shape, np.float32)
+    for start in range(0, n, batch_size):
+        rows = np.arange(start, min(start + batch_size, n))
+        idx = np.resize(rows, batch_size)  # a full last batch: one compile
+        logits = _logits(c, params, embedding, features.hidden[idx], features.length[idx], features.letters[idx])
+        out[rows] = np.asarray(logits)[: len(rows)]
+    return out
+
+
+def distributions(logits: np.ndarray, features: LetterFeatures) -> Distributions:
+    """The option+IDK distribution: the letters' next-token probabilities renormalised over the letters."""
+    probs = jax.nn.softmax(jnp.where(features.valid, logits, -jnp.inf), axis=-1)
+    return Distributions(probs, jnp.asarray(features.correct), jnp.asarray(features.idk), jnp.asarray(features.valid))
+
+
+def evaluate(d: Distributions) -> dict[str, float]:
+    return {name: float(metric(d)) for name, metric in ABSTENTION_METRICS.items()}
+
+
+# ------------------------------------------------------------------------------------------------ loop
+ALARM_LEVEL = 0.01  # a rate at or below this has collapsed to 0 (one dev item in a hundred)
+
+
+def collapse_alarm(metrics: dict[str, float]) -> str | None:
+    """Why the run has degenerated, or None: abstaining on everything or on nothing."""
+    if metrics["coverage"] <= ALARM_LEVEL:
+        return f"coverage collapsed to {metrics['coverage']:.3f}: the model abstains on (almost) every dev item"
+    if metrics["abstain_unanswerable"] <= ALARM_LEVEL:
+        return (f"abstention collapsed to {metrics['abstain_unanswerable']:.3f}: the model answers (almost) every "
+                "unanswerable dev item")
+    return None
+
+
+def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainConfig, run_dir: Path,
+          top_layers: int, *, progress: bool = True, log: Callable[[str], None] | None = None,
+          until: int | None = None) -> dict:
+    """Train one arm and seed, resuming from `run_dir` if it holds a checkpoint. -> the best parameters
+    (by dev DCS) and the evaluation history. until: return after that step (checkpointed), as a killed run
+    would stop; calling again resumes."""
+    import orbax.checkpoint as ocp
+
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    c = model.config
+    run_dir.mkdir(parents=True, exist_ok=True)
+    settings = asdict(cfg) | {"top_layers": top_layers, "train_items": len(train_set), "dev_items": len(dev_set)}
+    saved = run_dir / "config.json"
+    if saved.is_file() and json.loads(saved.read_text()) != settings:
+        raise ConfigError(f"{run_dir} holds a run with other settings ({saved}): resuming it would mix two "
+                          "runs; choose another output folder or delete that one")
+    saved.write_text(json.dumps(settings, indent=2))
+    embedding = model.output_embedding
+    params = top_params(model, top_layers)
+    optimizer = optimizer_for(cfg)
+    opt_state = optimizer.init(params)
+    start_logits = predict_logits(c, params, embedding, train_set)  # for the KL term
+    state = {"params": params, "opt_state": opt_state, "best": params}
+    meta = {"step": 0, "best_dcs": -float("inf"), "best_step": 0, "stale": 0, "history": [], "stopped": False}
+
+    manager = ocp.CheckpointManager(run_dir.resolve() / "checkpoints",
+                                    options=ocp.CheckpointManagerOptions(max_to_keep=1))
+    if manager.latest_step() is not None:
+        restored = manager.restore(manager.latest_step(), args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(state), meta=ocp.args.JsonRestore()))
+        state, meta = restored.state, restored.meta
+        log(f"{run_dir.name}: resumed at step {meta['step']}")
+
+    def checkpoint():
+        manager.save(meta["step"], args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                             meta=ocp.args.JsonSave(meta)), force=True)
+        manager.wait_until_finished()
+
+    def dev_eval():
+        metrics = evaluate(distributions(predict_logits(c, state["params"], embedding, dev_set), dev_set))
+        entry = {"step": meta["step"], **{f"dev_{k}": v for k, v in metrics.items()}, **last_stats}
+        alarm = collapse_alarm(metrics)
+        if alarm:
+            entry["alarm"] = alarm
+            log(f"ALARM {run_dir.name} step {meta['step']}: {alarm}")
+        meta["history"].append(entry)
+        if metrics["dcs"] > meta["best_dcs"] + 1e-6:
+            meta.update(best_dcs=metrics["dcs"], best_step=meta["step"], stale=0)
+            state["best"] = state["params"]
+        else:
+            meta["stale"] += 1
+        with (run_dir / "log.jsonl").open("w") as f:
+            f.writelines(json.dumps(e) + "\n" for e in meta["history"])
+        return metrics
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=cfg.steps, initial=meta["step"], desc=run_dir.name, disable=not progress, file=sys.stderr)
+    last_stats: dict = {}
+    if not meta["history"]:
+        dev_eval()  # the starting point
+        checkpoint()
+    while meta["step"] < min(cfg.steps, until or cfg.steps) and not meta["stopped"]:
+        idx = batch_indices(cfg.seed, meta["step"], cfg.accumulate, cfg.batch_size, len(train_set))
+        batch = tuple(np.asarray(x)[idx] for x in (train_set.hidden, train_set.length, train_set.letters,
+                                                     train_set.correct, train_set.idk, train_set.valid))
+        params, opt_state, stats = _train_step(c, cfg, optimizer, state["params"], state["opt_state"], embedding,
+                                               batch, start_logits[idx], jnp.asarray(meta["step"], jnp.float32))
+        state["params"], state["opt_state"] = params, opt_state
+        meta["step"] += 1
+        last_stats = {f"train_{k}": float(v) for k, v in stats.items()}
+        bar.update(1)
+        if meta["step"] % cfg.eval_every == 0 or meta["step"] == cfg.steps:
+            metrics = dev_eval()
+            bar.set_postfix(loss=f"{last_stats['train_loss']:.3f}", dev_dcs=f"{metrics['dcs']:+.3f}",
+                            cov=f"{metrics['coverage']:.2f}", abst=f"{metrics['abstain_unanswerable']:.2f}")
+            if meta["stale"] >= cfg.patience:
+                meta["stopped"] = True
+                log(f"{run_dir.name}: early stop at step {meta['step']} (best dev DCS {meta['best_dcs']:+.3f} "
+                    f"at step {meta['best_step']})")
+            checkpoint()
+        elif meta["step"] == until:
+            checkpoint()
+    bar.close()
+    manager.close()
+    return {"best": state["best"], "history": meta["history"], "best_step": meta["best_step"],
+            "best_dcs": meta["best_dcs"], "steps": meta["step"]}

@@ -1,0 +1,169 @@
+"""Fine-tuning for abstention on the real SmolLM2 weights: the data versions and splits, the cached
+frozen layers against the scorer's own letters elicitation, an HF export that transformers reads back,
+resume, and a short run of the whole experiment (the loss falls; the checkpoint round-trips through
+`dcsjax.load` and `dcsjax eval`)."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import dcsjax
+from conftest import reference_for, scorer_for
+from dcsjax.data.items import Item
+from dcsjax.protocols.likelihood import run_dcs_letters
+from dcsjax.training.data import abstention_splits, abstention_versions, question_key, split_of
+from dcsjax.training.features import letter_features
+from dcsjax.training.train import (
+    TrainConfig, arm_loss, batch_indices, distributions, letter_logits, predict_logits, top_params, train,
+)
+
+SMOL = "smollm2-135m-instruct"
+
+
+# ------------------------------------------------------------------------------------------------ data
+def test_versions_keep_the_option_count_and_move_the_answer_to_idk():
+    import random
+
+    item = Item("t/0", "Which is a fruit?", ("car", "apple", "stone", "cloud"), (1,))
+    answerable, unanswerable = abstention_versions(item, "t", random.Random(0))
+    for version in (answerable, unanswerable):
+        assert len(version.choices) == 4 and version.choices[-1] == "I don't know." and version.idk == 3
+    assert answerable.choices[answerable.correct[0]] == "apple" and answerable.answerable
+    assert "apple" not in unanswerable.choices and unanswerable.correct == (3,) and not unanswerable.answerable
+    assert answerable.source["group"] == unanswerable.source["group"]
+    assert abstention_versions(Item("t/1", "Yes?", ("yes", "no"), (0,)), "t", random.Random(0)) == []
+    native = Item("k/0", "Who will win?", ("Unknown", "Bob"), (0,), idk=0)
+    (kept,) = abstention_versions(native, "k", random.Random(0))
+    assert kept.choices == native.choices and not kept.answerable
+
+
+def test_splits_are_disjoint_by_question_and_fixed():
+    splits = abstention_splits(("hindu_knowledge", "known_unknowns"))
+    groups = {name: {i.source["group"] for i in items} for name, items in splits.items()}
+    assert not groups["train"] & groups["dev"] and not groups["train"] & groups["test"]
+    assert not groups["dev"] & groups["test"]
+    assert all(split_of(question_key("t", " Q  one"), (0.6, 0.2, 0.2)) == split_of(question_key("t", "q one"),
+                                                                                 (0.6, 0.2, 0.2)) for _ in range(2))
+    n = sum(len(v) for v in splits.values())
+    assert 0.45 < len(splits["train"]) / n < 0.75 and splits["test"]
+    again = abstention_splits(("hindu_knowledge", "known_unknowns"))
+    assert [i.id for i in again["test"]] == [i.id for i in splits["test"]]
+    assert {i.source["version"] for i in splits["train"]} == {"answerable", "unanswerable"}
+
+
+def test_batches_are_a_pure_function_of_seed_and_step():
+    n = 10
+    stream = np.concatenate([batch_indices(3, s, 2, 3, n).ravel() for s in range(5)])  # 30 draws: 3 epochs
+    for epoch in range(3):
+        assert sorted(stream[epoch * n:(epoch + 1) * n]) == list(range(n))
+    np.testing.assert_array_equal(batch_indices(3, 4, 2, 3, n), batch_indices(3, 4, 2, 3, n))
+    assert not np.array_equal(batch_indices(3, 0, 1, 10, n), batch_indices(4, 0, 1, 10, n))
+
+
+def test_collapse_alarm_names_what_collapsed():
+    from dcsjax.training.train import collapse_alarm
+
+    healthy = {"coverage": 0.6, "abstain_unanswerable": 0.5}
+    assert collapse_alarm(healthy) is None
+    assert "coverage collapsed" in collapse_alarm(healthy | {"coverage": 0.0})
+    assert "abstention collapsed" in collapse_alarm(healthy | {"abstain_unanswerable": 0.004})
+
+
+# ------------------------------------------------------------------------------------------------ model
+@pytest.fixture(scope="module")
+def small_splits():
+    return abstention_splits(("hindu_knowledge", "known_unknowns"), per_task=14)
+
+
+@pytest.fixture(scope="module")
+def small_features(small_splits):
+    scorer = scorer_for(SMOL)
+    return {name: letter_features(scorer, items, 2) for name, items in small_splits.items()}
+
+
+def test_cached_layers_give_the_letters_elicitation_of_eval(small_splits, small_features):
+    """Frozen layers cached + top layers on top == the scorer's full forward pass over the vocabulary."""
+    scorer = scorer_for(SMOL)
+    items, features = small_splits["dev"], small_features["dev"]
+    params = top_params(scorer.model, 2)
+    probs = np.asarray(distributions(predict_logits(scorer.config, params, scorer.model.output_embedding, features),
+                                     features).probs)
+    for row, record in zip(probs, run_dcs_letters(scorer, items)):
+        np.testing.assert_allclose(row[:len(record["probs"])], record["probs"], atol=2e-5)
+
+
+@pytest.mark.parametrize("name", [SMOL, "gemma3-270m"])
+def test_export_reads_back_in_dcsjax_and_transformers(name, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dcsjax.checkpoints.export import save_hf_dir
+
+    scorer = scorer_for(name)
+    directory = save_hf_dir(scorer.model, scorer.tokenizer, tmp_path / "m", card=name)
+    texts = ["The capital of France is Paris.", "Water boils at one hundred degrees."]
+    loaded = dcsjax.load(directory)
+    assert loaded.card.name == name and loaded.config == scorer.config
+    np.testing.assert_array_equal(loaded.score(texts), scorer.score(texts))
+    theirs = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    ids = [scorer.document_start_id] + scorer.encode(texts[:1])[0]
+    with torch.no_grad():
+        logits = theirs(torch.tensor([ids])).logits[0]
+        want = torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0].numpy()
+        gguf = torch.log_softmax(reference_for(name)(torch.tensor([ids])).logits[0], -1)[:-1]
+    np.testing.assert_allclose(want, gguf.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].numpy(), atol=1e-4)
+    np.testing.assert_allclose(scorer.token_logprobs(texts[:1])[0], want, atol=2e-3)
+
+
+def test_a_killed_run_resumes_where_it_stopped(small_features, tmp_path):
+    scorer = scorer_for(SMOL)
+    cfg = TrainConfig(arm="dcs+ce", steps=6, batch_size=4, eval_every=3, ce_warmup=2, learning_rate=1e-4)
+    train_set, dev_set = small_features["train"], small_features["dev"]
+    straight = train(scorer.model, train_set, dev_set, cfg, tmp_path / "straight", 2, progress=False)
+    first = train(scorer.model, train_set, dev_set, cfg, tmp_path / "killed", 2, progress=False, until=4)
+    assert first["steps"] == 4
+    resumed = train(scorer.model, train_set, dev_set, cfg, tmp_path / "killed", 2, progress=False)
+    assert resumed["steps"] == 6
+    for a, b in zip(jax.tree.leaves(straight["best"]), jax.tree.leaves(resumed["best"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert [e["step"] for e in resumed["history"]] == [0, 3, 6]
+
+
+def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path):
+    """CI's short version of `dcsjax train-abstain`: a few steps on a tiny split."""
+    from dcsjax.evaluate import run_eval
+    from dcsjax.training.experiment import run_experiment
+    from dcsjax.training.features import load_features
+
+    out = tmp_path / "abstain"
+    cfg = TrainConfig(steps=12, batch_size=8, eval_every=6, ce_warmup=4, learning_rate=3e-4, patience=10)
+    results = run_experiment(SMOL, out, tasks=("hindu_knowledge", "known_unknowns"), per_task=14,
+                             arms=("start", "dcs+ce"), seeds=(0,), base=cfg, n_boot=50, progress=False)
+    assert set(results["arms"]) == {"start", "dcs+ce"} and (out / "training.png").stat().st_size > 0
+
+    # the loss on the training items falls from the starting model to the trained one
+    scorer = dcsjax.load(SMOL)
+    start = top_params(scorer.model, 2)
+    trained = dcsjax.load(out / "model")
+    train_set = load_features(out / "features" / "train.npz")
+
+    def loss(model_params):
+        logits = letter_logits(scorer.config, model_params, scorer.model.output_embedding, train_set.hidden,
+                               train_set.length, train_set.letters)
+        return float(arm_loss(cfg, logits, train_set.correct, train_set.idk, train_set.valid, None, cfg.steps)[0])
+
+    assert loss(top_params(trained.model, 2)) < loss(start) - 1e-3
+
+    # the exported model, loaded by name of its folder, scores the test split in eval as in training
+    run_eval(str(out / "model"), [f"jsonl:{out / 'data' / 'test.jsonl'}"], ["dcs-letters"], out / "eval",
+             progress=False)
+    records = [json.loads(line) for line in next((out / "eval").rglob("dcs-letters.jsonl")).read_text().splitlines()]
+    logits = np.load(out / "runs" / "dcs+ce-seed0" / "test_logits.npy")
+    test_set = load_features(out / "features" / "test.npz")
+    probs = np.asarray(distributions(logits, test_set).probs)
+    for row, record in zip(probs, records):
+        np.testing.assert_allclose(row[:len(record["probs"])], record["probs"], atol=2e-5)
+    assert results["arms"]["dcs+ce"]["metrics"]["dcs"][0] == pytest.approx(
+        np.mean([r["dcs"] for r in records]), abs=1e-4)
