@@ -61,11 +61,12 @@ def append_records(path: Path, records: list[dict]) -> None:
         os.fsync(f.fileno())
 
 
-def run_protocol(protocol: str, scorer, items, card, lc: float, lw: float) -> list[dict]:
+def run_protocol(protocol: str, scorer, items, card, lc: float, lw: float, statements=None) -> list[dict]:
+    """statements: item -> its declarative statements for APS (default: the card's rule)."""
     if not items:  # a process whose share of a short last chunk is empty
         return []
     if protocol == "aps":
-        return run_aps(scorer, items, statements_for(card))
+        return run_aps(scorer, items, statements or statements_for(card))
     if protocol == "mcqa":
         return run_mcqa(scorer, items)
     if protocol == "apx":
@@ -107,9 +108,13 @@ def headline_values(protocol: str, records: list[dict]) -> list[float]:
 
 def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output: Path, limit: int | None = None,
              threshold: float | None = None, batch_size: int = 16, progress: bool = True, scorer=None,
-             chunk: int = CHUNK, dtype: str = "float32", mesh=None) -> dict:
+             chunk: int = CHUNK, dtype: str = "float32", mesh=None, statements: str | Path | None = None) -> dict:
     """Every protocol on every task. In a multi-process run (`dcsjax.distributed`), each process scores its
-    share of every chunk and process 0 writes the gathered records; the files equal a single process's."""
+    share of every chunk and process 0 writes the gathered records; the files equal a single process's.
+
+    statements: a file from `dcsjax statements generate`: APS reads its statements, and every protocol
+    scores only the items it holds (the same items for all, as in paper 002); each item it lacks (filtered
+    at generation) is an error record of its task."""
     import dcsjax
     from dcsjax import distributed
 
@@ -128,6 +133,8 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
         items, errors = load_task(card)
         if limit is not None:
             items = items[:limit]
+        if statements is not None:
+            items, errors = _with_statements(items, errors, Path(statements))
         folder = output / scorer.name / card.slug
         if lead:
             folder.mkdir(parents=True, exist_ok=True)
@@ -140,7 +147,8 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
             bar = _bar(progress and lead, len(items), len(items) - len(todo), f"{scorer.name} {card.name} {protocol}")
             for s in range(0, len(todo), chunk):
                 part = todo[s:s + chunk]
-                mine = run_protocol(protocol, scorer, distributed.my_share(part), card, lc, lw)
+                mine = run_protocol(protocol, scorer, distributed.my_share(part), card, lc, lw,
+                                    (lambda item: list(item.statements)) if statements is not None else None)
                 records = distributed.gather_in_order(mine, len(part))
                 if lead:
                     append_records(path, records)
@@ -161,6 +169,20 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
         output.mkdir(parents=True, exist_ok=True)
         summary_path.write_text(json.dumps(summary, indent=1))
     return distributed.from_rank0(summary)
+
+
+def _with_statements(items, errors, path: Path):
+    """Items that have statements in the file, carrying them; the rest become error records."""
+    from dataclasses import replace
+
+    from dcsjax.data.items import ItemError
+    from dcsjax.statements.validate import read_statements
+
+    by_id = {row["id"]: row["statements"] for row in read_statements(path)}
+    kept = [replace(i, statements=tuple(by_id[i.id])) for i in items if i.id in by_id and len(by_id[i.id]) == len(i.choices)]
+    missing = [ItemError(i.id, f"no statements for it in {path} (filtered at generation?)") for i in items
+               if i.id not in by_id or len(by_id[i.id]) != len(i.choices)]
+    return kept, [*errors, *missing]
 
 
 def _bar(progress: bool, total: int, initial: int, desc: str):

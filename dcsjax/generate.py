@@ -1,7 +1,10 @@
-"""Greedy generation (temperature 0) with a KV cache, jitted on static shapes.
+"""Generation with a KV cache, jitted on static shapes: greedy (temperature 0) or sampled with a
+temperature and top-p (nucleus) cut.
 
 Prompts are right-padded into rows of a bucketed length; one prefill fills the cache, then a `lax.scan`
-of `decode_step`s emits a fixed number of tokens per row. One compile per prompt bucket.
+of `decode_step`s emits a fixed number of tokens per row. One compile per prompt bucket and setting.
+Sampling is seeded per prompt (the key of prompt i is fold_in(seed, i), then fold_in(step)), so what a
+prompt gets does not depend on which other prompts share its batch or on the batch size.
 """
 
 from __future__ import annotations
@@ -18,9 +21,22 @@ from dcsjax.errors import InputError
 from dcsjax.kernels.packing import bucket_for
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4))
-def _greedy(graphdef, state, tokens, lengths, max_new: int):
-    """tokens [B, T] right-padded, lengths [B] -> [B, max_new] greedy tokens."""
+def sample_token(logits: jax.Array, key: jax.Array, temperature: float, top_p: float) -> jax.Array:
+    """logits [V] float32 -> one token: argmax at temperature 0, else a draw from softmax(logits / T)
+    restricted to the smallest set of most probable tokens whose mass reaches top_p."""
+    if temperature == 0.0:
+        return jnp.argmax(logits)
+    scaled = logits / temperature
+    order = jnp.argsort(-scaled)
+    probs = jax.nn.softmax(scaled[order])
+    before = jnp.cumsum(probs) - probs  # mass of the strictly more probable tokens
+    kept = jnp.where(before < top_p, scaled[order], -jnp.inf)  # the most probable token is always kept
+    return order[jax.random.categorical(key, kept)]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5, 6, 7))
+def _decode(graphdef, state, tokens, lengths, keys, max_new: int, temperature: float, top_p: float):
+    """tokens [B, T] right-padded, lengths [B], keys [B] (one PRNG key per row) -> [B, max_new] tokens."""
     model = nnx.merge(graphdef, state)
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t), (b, t))
@@ -29,21 +45,37 @@ def _greedy(graphdef, state, tokens, lengths, max_new: int):
     pad = ((0, 0), (0, 0), (0, max_new), (0, 0), (0, 0))
     cache_k, cache_v = jnp.pad(cache_k, pad), jnp.pad(cache_v, pad)
     out_embed = model.output_embedding
-    next_token = lambda h: jnp.argmax(jnp.einsum("bd,vd->bv", h, out_embed, preferred_element_type=jnp.float32), -1)  # noqa: E731
-    first = next_token(hidden[jnp.arange(b), lengths - 1])
 
-    def step(carry, _):
+    def next_token(h, step):
+        logits = jnp.einsum("bd,vd->bv", h, out_embed, preferred_element_type=jnp.float32)
+        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(keys)
+        return jax.vmap(lambda z, k: sample_token(z, k, temperature, top_p))(logits, step_keys)
+
+    first = next_token(hidden[jnp.arange(b), lengths - 1], 0)
+
+    def step(carry, i):
         token, position, cache_k, cache_v = carry
         h, cache_k, cache_v = model.decode_step(token, position, cache_k, cache_v)
-        return (next_token(h), position + 1, cache_k, cache_v), token
+        return (next_token(h, i + 1), position + 1, cache_k, cache_v), token
 
-    _, emitted = jax.lax.scan(step, (first, lengths, cache_k, cache_v), None, length=max_new)
+    _, emitted = jax.lax.scan(step, (first, lengths, cache_k, cache_v), jnp.arange(max_new))
     return emitted.T
 
 
 def greedy_generate(scorer, prompts: Sequence[Sequence[int]], max_new_tokens: int = 15,
                     batch_size: int = 8) -> list[list[int]]:
     """Greedy continuations of token-id prompts, cut after the first end-of-sequence token."""
+    return generate(scorer, prompts, max_new_tokens, batch_size=batch_size)
+
+
+def generate(scorer, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
+             top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
+             key_ids: Sequence[int] | None = None) -> list[list[int]]:
+    """Continuations of token-id prompts, cut before the first end-of-sequence token; greedy at
+    temperature 0, else sampled, prompt i with the key fold_in(key(seed), key_ids[i]) (default i):
+    reproducible whatever the batching."""
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise InputError(f"temperature must be >= 0 and top_p in (0, 1]; got {temperature}, {top_p}")
     limit = scorer.max_length - max_new_tokens
     for i, p in enumerate(prompts):
         if not p:
@@ -51,6 +83,7 @@ def greedy_generate(scorer, prompts: Sequence[Sequence[int]], max_new_tokens: in
         if len(p) > limit:
             raise InputError(f"prompt {i} has {len(p)} tokens; with {max_new_tokens} new ones that exceeds "
                              f"the {scorer.max_length}-token limit of {scorer.name}")
+    key_ids = list(range(len(prompts))) if key_ids is None else list(key_ids)
     stops = {t for t in (scorer.tokenizer.eos_token_id, *_extra_stops(scorer.tokenizer)) if t is not None}
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out: list[list[int] | None] = [None] * len(prompts)
@@ -59,11 +92,14 @@ def greedy_generate(scorer, prompts: Sequence[Sequence[int]], max_new_tokens: in
         bucket = bucket_for(max(len(prompts[i]) for i in idx), scorer.buckets)
         tokens = np.zeros((batch_size, bucket), np.int32)
         lengths = np.ones(batch_size, np.int32)
+        rows = np.zeros(batch_size, np.int32)
         for r, i in enumerate(idx):
             tokens[r, :len(prompts[i])] = prompts[i]
             lengths[r] = len(prompts[i])
-        emitted = np.asarray(_greedy(scorer._graphdef, scorer._state, jnp.asarray(tokens), jnp.asarray(lengths),
-                                     max_new_tokens))
+            rows[r] = key_ids[i]
+        keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(jnp.asarray(rows))
+        emitted = np.asarray(_decode(scorer._graphdef, scorer._state, jnp.asarray(tokens), jnp.asarray(lengths),
+                                     keys, max_new_tokens, float(temperature), float(top_p)))
         for r, i in enumerate(idx):
             seq = emitted[r].tolist()
             cut = next((k for k, t in enumerate(seq) if t in stops), len(seq))

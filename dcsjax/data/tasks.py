@@ -25,6 +25,8 @@ class BenchmarkCard:
     idk_choice: str | None = None
     statements: str = "template"  # "template" or "choices"
     statement_template: str = DEFAULT_TEMPLATE
+    # a cloze task's blank in the question ("<MASK>", "_"): its statements fill the blank with each option
+    cloze_blank: str | None = None
     # hub datasets (source "hub:<dataset>"): its config, split and row schema (dcsjax/data/hub.py)
     hub_config: str | None = None
     split: str = "test"
@@ -83,7 +85,19 @@ def load_task(card: BenchmarkCard) -> tuple[list[Item], list[ItemError]]:
     return items, errors
 
 
+def cloze_statement(question: str, choice: str, blank: str) -> str:
+    """The question with its blank filled by the option: "We've allowed <MASK> to be safe." -> "We've
+    allowed two hours to be safe.". The last occurrence is the blank: an instruction before it may name the
+    marker (timedial's prefix asks which phrase best fits the <MASK> span)."""
+    head, found, tail = question.rpartition(blank)
+    if not found:
+        raise DcsjaxError(f"cloze question has no blank {blank!r}: {question[:80]!r}")
+    return head + choice.strip() + tail
+
+
 def statements_for(card: BenchmarkCard) -> Callable[[Item], list[str]]:
+    if card.cloze_blank is not None:
+        return lambda item: [cloze_statement(item.question, c, card.cloze_blank) for c in item.choices]
     if card.statements == "choices":
         return lambda item: list(item.statements or item.choices)
     if card.source.startswith("jsonl:"):  # a file's own statements, where it has them

@@ -1,0 +1,142 @@
+"""`dcsjax statements generate`: one affirmative statement per option, by an instruct model (002 A.1).
+
+The system prompt is A.1's, verbatim. The paper prints only the user prompt's first line
+("Question: {{ question }}") and says the model was given "the question, choices, and instructions to
+generate declarative statements for each of the choices, one per line"; the rest of `USER_PROMPT` is
+written to say exactly that. Sampling as A.1: temperature 0.7, top-p 0.95 (the 1,500-token budget there
+held a reasoning trace; our default budget is for the answer alone). The answer is split on new lines,
+empty lines are removed, and an item whose count of statements differs from its count of options is
+filtered out and counted (002 Fig. 3): never silently dropped.
+
+Output: JSONL, one line per kept item with its id, question, choices, answer, statements and the
+generator and its settings; a `.rejected.jsonl` beside it holds every filtered item with its raw output
+and why. A killed run resumes: items already in either file are not generated again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+from dcsjax.data.items import Item
+
+SYSTEM_PROMPT = ("You are a precise text transformation assistant. Your task is to generate, for each multiple-choice "
+                 "question, one affirmative statement per answer option, both for correct and incorrect options.")
+USER_PROMPT = ("Question: {question}\nOptions:\n{options}\n\nWrite one affirmative declarative statement for each "
+               "option, in the order given, one statement per line. Write exactly {n} lines and nothing else.")
+TEMPERATURE, TOP_P, MAX_NEW_TOKENS = 0.7, 0.95, 256
+
+
+def parse_statements(text: str, n_options: int) -> tuple[list[str] | None, str | None]:
+    """A.1's parse: split on new lines, drop empty (or blank) lines; keep only exactly one per option.
+    -> (statements, None) or (None, why it was filtered)."""
+    lines = [line.strip() for line in text.splitlines()]
+    statements = [line for line in lines if line]
+    if len(statements) == n_options:
+        return statements, None
+    if not statements:
+        return None, "empty output"
+    return None, f"{len(statements)} statements for {n_options} options"
+
+
+def prompt_ids(scorer, item: Item) -> list[int]:
+    options = "\n".join(f"{letter}. {choice}" for letter, choice in zip(item.letters, item.choices))
+    user = USER_PROMPT.format(question=item.question, options=options, n=len(item.choices))
+    if not scorer.tokenizer.chat_template:
+        text = f"{SYSTEM_PROMPT}\n\n{user}\n"
+        return [scorer.document_start_id, *scorer.encode([text])[0]]
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    text = scorer.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(scorer.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def statement_record(item: Item, task: str, statements: Sequence[str], generator: dict) -> dict:
+    """A line of a statements file: what `jsonl:` tasks and `dcsjax eval --statements` read."""
+    return {"id": item.id, "task": task, "question": item.question, "choices": list(item.choices),
+            "answer": list(item.correct), "idk": item.idk, "statements": list(statements), "generator": generator}
+
+
+def done_ids(*paths: Path) -> set[str]:
+    ids: set[str] = set()
+    for path in paths:
+        if path.is_file():
+            ids |= {json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip()}
+    return ids
+
+
+def rejected_path(out: Path) -> Path:
+    return out.with_name(out.stem + ".rejected.jsonl")
+
+
+def generate_statements(scorer, items: Sequence[Item], task: str, out: Path, *, temperature: float = TEMPERATURE,
+                        top_p: float = TOP_P, max_new_tokens: int = MAX_NEW_TOKENS, seed: int = 0,
+                        batch_size: int = 8, chunk: int = 32, progress: bool = True) -> Counter:
+    """Generate, filter and append to `out` (kept) and its `.rejected.jsonl` (filtered), a chunk at a time.
+    -> counts of kept items and of each reason for filtering, over the whole file (resumed runs included)."""
+    from tqdm.auto import tqdm
+
+    from dcsjax.generate import generate
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rejected = rejected_path(out)
+    generator = {"model": scorer.name, "temperature": temperature, "top_p": top_p,
+                 "max_new_tokens": max_new_tokens, "seed": seed}
+    done = done_ids(out, rejected)
+    todo = [(index, item) for index, item in enumerate(items) if item.id not in done]
+    with tqdm(total=len(items), initial=len(items) - len(todo), desc=f"statements {task}", disable=not progress) as bar:
+        for start in range(0, len(todo), chunk):
+            part = todo[start:start + chunk]
+            prompts = [prompt_ids(scorer, item) for _, item in part]
+            # each item's sampling key comes from its index in the task: a resumed run draws what a whole one would
+            outputs = generate(scorer, prompts, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                               batch_size=batch_size, key_ids=[index for index, _ in part])
+            kept_lines, rejected_lines = [], []
+            for (_, item), tokens in zip(part, outputs):
+                text = scorer.tokenizer.decode(tokens, skip_special_tokens=True)
+                statements, why = parse_statements(text, len(item.choices))
+                if statements is None:
+                    rejected_lines.append(json.dumps({"id": item.id, "task": task, "reason": why, "output": text,
+                                                      "n_options": len(item.choices), "generator": generator}))
+                else:
+                    kept_lines.append(json.dumps(statement_record(item, task, statements, generator)))
+            for path, lines in ((out, kept_lines), (rejected, rejected_lines)):
+                if lines:
+                    with path.open("a") as f:
+                        f.write("\n".join(lines) + "\n")
+            bar.update(len(part))
+    return filter_counts(out)
+
+
+def filter_counts(out: Path) -> Counter:
+    """{"kept": n, "too many": n, "too few": n, "empty": n} over a statements file and its rejected file
+    ("empty" outputs are also counted as "too few")."""
+    counts: Counter = Counter({"kept": 0, "too many": 0, "too few": 0, "empty": 0})
+    if out.is_file():
+        counts["kept"] = sum(1 for line in out.read_text().splitlines() if line.strip())
+    rejected = rejected_path(out)
+    if rejected.is_file():
+        for line in rejected.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                got = 0 if row["reason"] == "empty output" else int(row["reason"].split()[0])
+                counts["too many" if got > row["n_options"] else "too few"] += 1
+                counts["empty"] += got == 0
+    return counts
+
+
+def template_statements(items: Sequence[Item], task: str, card, out: Path) -> Counter:
+    """The rule-based path, no model: each option put into the card's cloze blank or statement template."""
+    from dcsjax.data.tasks import statements_for
+
+    make = statements_for(card)
+    generator = {"rule": "cloze" if card.cloze_blank else "template",
+                 "template": card.cloze_blank or card.statement_template}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as f:
+        for item in items:
+            f.write(json.dumps(statement_record(item, task, make(item), generator)) + "\n")
+    return filter_counts(out)

@@ -1,0 +1,136 @@
+"""Declarative statements (002 A.1, A.2): the filter, seeded top-p sampling in the jitted decode loop,
+BLEU and length gap against hand-computed values, the rule-based cloze path, and generation end to end
+with SmolLM2 on a BIG-bench task (resumable, its file read by `dcsjax eval --statements`)."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import scorer_for
+from dcsjax.generate import generate, greedy_generate, sample_token
+from dcsjax.statements.generate import filter_counts, generate_statements, parse_statements, template_statements
+from dcsjax.statements.validate import bleu, statement_metrics, summarise
+
+SMOL = "smollm2-135m-instruct"
+
+
+# ------------------------------------------------------------------------------------------------ filter
+@pytest.mark.parametrize("text, n, kept, why", [
+    ("Paris is the capital.\nRome is the capital.", 2, ["Paris is the capital.", "Rome is the capital."], None),
+    ("One.\n\n   \nTwo.\n", 2, ["One.", "Two."], None),  # blank and whitespace-only lines are not statements
+    ("One.\nTwo.\nThree.", 2, None, "3 statements for 2 options"),
+    ("One.", 2, None, "1 statements for 2 options"),
+    ("", 2, None, "empty output"),
+    ("\n \n\t\n", 3, None, "empty output"),
+])
+def test_filter_keeps_exactly_one_statement_per_option(text, n, kept, why):
+    assert parse_statements(text, n) == (kept, why)
+
+
+def test_filter_counts_by_reason(tmp_path):
+    out = tmp_path / "s.jsonl"
+    out.write_text('{"id": "a"}\n{"id": "b"}\n')
+    rows = [("3 statements for 2 options", 2), ("1 statements for 4 options", 4), ("empty output", 3)]
+    (tmp_path / "s.rejected.jsonl").write_text(
+        "".join(json.dumps({"id": str(i), "reason": r, "n_options": n}) + "\n" for i, (r, n) in enumerate(rows)))
+    assert dict(filter_counts(out)) == {"kept": 2, "too many": 1, "too few": 2, "empty": 1}
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+def test_top_p_keeps_the_smallest_nucleus_and_renormalises():
+    """p = (0.5, 0.3, 0.15, 0.05), top-p 0.7: the nucleus is {0, 1} (0.5 < 0.7 <= 0.8), drawn as 5/8, 3/8."""
+    logits = jnp.log(jnp.array([0.5, 0.3, 0.15, 0.05]))
+    keys = jax.random.split(jax.random.key(0), 20_000)
+    draws = np.asarray(jax.vmap(lambda k: sample_token(logits, k, 1.0, 0.7))(keys))
+    freq = np.bincount(draws, minlength=4) / len(draws)
+    np.testing.assert_allclose(freq, [5 / 8, 3 / 8, 0, 0], atol=0.01)
+    # temperature 2 flattens before the cut: p ~ sqrt(p) = (.42, .33, .23, .13) -> nucleus {0, 1, 2}
+    draws = np.asarray(jax.vmap(lambda k: sample_token(logits, k, 2.0, 0.7))(keys))
+    root = np.sqrt([0.5, 0.3, 0.15]) / np.sqrt([0.5, 0.3, 0.15]).sum()
+    np.testing.assert_allclose(np.bincount(draws, minlength=4) / len(draws), [*root, 0], atol=0.01)
+    assert int(sample_token(logits, keys[0], 0.0, 0.7)) == 0  # temperature 0: argmax
+
+
+def test_sampling_is_seeded_and_independent_of_batching():
+    scorer = scorer_for(SMOL)
+    prompts = [scorer.encode([t])[0] for t in ["Once upon a time", "The best way to learn is", "In 1850, the city"]]
+    run = lambda **kw: generate(scorer, prompts, 12, temperature=0.7, top_p=0.95, **kw)  # noqa: E731
+    first = run(seed=3, batch_size=4)
+    assert run(seed=3, batch_size=4) == first
+    assert run(seed=3, batch_size=1) == first  # each prompt's key is its own, not its batch's
+    assert run(seed=4, batch_size=4) != first
+    assert generate(scorer, prompts, 12, temperature=0.0) == greedy_generate(scorer, prompts, 12)
+
+
+# ------------------------------------------------------------------------------------------------ validation
+def test_bleu_against_hand_computed_values():
+    ref = "the cat sat on the mat"
+    assert bleu(ref, ref) == pytest.approx(1.0)
+    # "the cat sat on a mat": 1- to 4-gram precisions 5/6, 3/5, 2/4, 1/3; equal lengths, no brevity penalty
+    assert bleu("the cat sat on a mat", ref) == pytest.approx((5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25, abs=1e-4)
+    # shorter by one word: brevity penalty exp(1 - 6/5); precisions 5/5, 4/4, 3/3, 2/2
+    assert bleu("the cat sat on the", ref) == pytest.approx(math.exp(1 - 6 / 5), abs=1e-4)
+
+
+def test_length_gap_and_spread_against_hand_counts():
+    rows = [{"id": "q", "question": "What is 2 + 2?", "choices": ["4", "five"],
+             "statements": ["Two plus two is four.", "Two plus two is five, it is said."]}]
+    (m,) = statement_metrics(rows)
+    assert m["length_gap"] == [5 - 6, 8 - 6]  # pairs "What is 2 + 2? 4" and "... five": 6 words each
+    assert m["median_gap"] == 0.5 and m["length_spread"] == 3
+    summary = summarise([m])
+    assert summary["items"] == 1 and summary["statements"] == 2
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+def test_rule_based_cloze_path_needs_no_model(tmp_path):
+    from dcsjax.data.tasks import load_task, resolve_task
+
+    card = resolve_task("timedial")
+    items, _ = load_task(card)
+    out = tmp_path / "timedial.jsonl"
+    counts = template_statements(items[:20], card.name, card, out)
+    assert counts["kept"] == 20
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    for row in rows:
+        head, blank, tail = row["question"].rpartition("<MASK>")
+        assert blank and "<MASK>" not in tail
+        for choice, statement in zip(row["choices"], row["statements"]):
+            assert statement == head + choice.strip() + tail
+
+
+def test_generation_end_to_end_resumes_and_feeds_aps(tmp_path):
+    from dcsjax.data.tasks import load_task, resolve_task
+    from dcsjax.evaluate import run_eval
+
+    scorer = scorer_for(SMOL)
+    card = resolve_task("general_knowledge")
+    items = load_task(card)[0][:6]
+    out = tmp_path / "gk.jsonl"
+    counts = generate_statements(scorer, items[:4], card.name, out, max_new_tokens=64, progress=False)
+    assert counts["kept"] + counts["too many"] + counts["too few"] == 4
+    counts = generate_statements(scorer, items, card.name, out, max_new_tokens=64, progress=False)  # resumes
+    assert counts["kept"] + counts["too many"] + counts["too few"] == 6
+    ids = [json.loads(line)["id"] for path in (out, tmp_path / "gk.rejected.jsonl") if path.is_file()
+           for line in path.read_text().splitlines()]
+    assert sorted(ids) == sorted(i.id for i in items)  # each item once: none redone, none lost
+    for line in out.read_text().splitlines() if out.is_file() else []:
+        row = json.loads(line)
+        assert len(row["statements"]) == len(row["choices"]) and row["generator"]["temperature"] == 0.7
+
+    # the file drives APS: the kept items are scored with their statements; the filtered are error records
+    run_eval(SMOL, ["general_knowledge"], ["aps"], tmp_path / "eval", limit=6, scorer=scorer, progress=False,
+             statements=out)
+    folder = tmp_path / "eval" / scorer.name / "general_knowledge"
+    aps = [json.loads(line) for line in (folder / "aps.jsonl").read_text().splitlines()] \
+        if (folder / "aps.jsonl").is_file() else []
+    errors = [json.loads(line) for line in (folder / "errors.jsonl").read_text().splitlines()]
+    assert len(aps) == counts["kept"] and len(aps) + len(errors) == 6
+    kept = {json.loads(line)["id"]: json.loads(line)["statements"] for line in out.read_text().splitlines()} \
+        if out.is_file() else {}
+    for record in aps:
+        assert record["statements"] == kept[record["id"]]
