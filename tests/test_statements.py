@@ -134,3 +134,44 @@ def test_generation_end_to_end_resumes_and_feeds_aps(tmp_path):
         if out.is_file() else {}
     for record in aps:
         assert record["statements"] == kept[record["id"]]
+
+
+def test_judge_reads_yes_against_no_as_transformers_does(tmp_path):
+    """The judge's P(Yes) / (P(Yes) + P(No)) at the assistant turn's first token, against transformers."""
+    import torch
+
+    from conftest import reference_for
+    from dcsjax.statements.validate import JUDGE_PROMPT, validate_file
+
+    rows = [{"id": "q1", "question": "What is the capital of France?", "choices": ["Paris", "Rome"],
+             "answer": [0], "statements": ["The capital of France is Paris.", "The capital of France is Rome."]}]
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    scorer = scorer_for(SMOL)
+    summary = validate_file(path, tmp_path / "v", judge=scorer)
+    assert {"judge_yes", "bleu_mean", "median_gap_mean", "length_spread_mean"} <= set(summary)
+    assert (tmp_path / "v" / "histograms.png").stat().st_size > 0 and (tmp_path / "v" / "summary.md").is_file()
+    got = json.loads((tmp_path / "v" / "validation.jsonl").read_text().splitlines()[0])["judge_p_yes"]
+
+    tok = scorer.tokenizer
+    yes, no = tok.convert_tokens_to_ids("Yes"), tok.convert_tokens_to_ids("No")
+    want = []
+    for choice, statement in zip(rows[0]["choices"], rows[0]["statements"]):
+        prompt = JUDGE_PROMPT.format(question=rows[0]["question"], answer=choice, statement=statement)
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+        ids = [scorer.document_start_id, *tok(text, add_special_tokens=False)["input_ids"]]
+        with torch.no_grad():
+            logits = reference_for(SMOL)(torch.tensor([ids])).logits[0, -1]
+        want.append(float(torch.softmax(logits[[yes, no]], -1)[0]))
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_statements_cli_rule_path_and_validate(tmp_path, capsys):
+    from dcsjax.cli import main
+
+    out = tmp_path / "timedial.jsonl"
+    assert main(["statements", "generate", "--task", "timedial", "--out", str(out), "--limit", "5"]) == 0
+    assert "timedial" in capsys.readouterr().out and len(out.read_text().splitlines()) == 5
+    assert main(["statements", "validate", str(out), "--out", str(tmp_path / "v")]) == 0
+    printed = capsys.readouterr().out
+    assert "bleu_mean" in printed and (tmp_path / "v" / "validation.jsonl").is_file()

@@ -211,7 +211,8 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
     params = top_params(model, top_layers)
     optimizer = optimizer_for(cfg)
     opt_state = optimizer.init(params)
-    start_logits = predict_logits(c, params, embedding, train_set)  # for the KL term
+    start_logits = (predict_logits(c, params, embedding, train_set) if cfg.gamma else  # for the KL term
+                    np.zeros(train_set.letters.shape, np.float32))
     state = {"params": params, "opt_state": opt_state, "best": params}
     meta = {"step": 0, "best_dcs": -float("inf"), "best_step": 0, "stale": 0, "history": [], "stopped": False}
 
