@@ -1,8 +1,9 @@
 """Generation with a KV cache, jitted on static shapes: greedy (temperature 0) or sampled with a
 temperature and top-p (nucleus) cut.
 
-Prompts are right-padded into rows of a bucketed length; one prefill fills the cache, then a `lax.scan`
-of `decode_step`s emits a fixed number of tokens per row. One compile per prompt bucket and setting.
+Prompts are right-padded into rows of a bucketed length; one prefill fills the cache, then a
+`lax.while_loop` of `decode_step`s emits tokens until every row has ended or the budget is spent. One
+compile per prompt bucket and setting.
 Sampling is seeded per prompt (the key of prompt i is fold_in(seed, i), then fold_in(step)), so what a
 prompt gets does not depend on which other prompts share its batch or on the batch size.
 """
@@ -23,20 +24,33 @@ from dcsjax.kernels.packing import bucket_for
 
 def sample_token(logits: jax.Array, key: jax.Array, temperature: float, top_p: float) -> jax.Array:
     """logits [V] float32 -> one token: argmax at temperature 0, else a draw from softmax(logits / T)
-    restricted to the smallest set of most probable tokens whose mass reaches top_p."""
+    restricted to the nucleus, the smallest set of most probable tokens whose mass reaches top_p.
+
+    The nucleus is every token at least as probable as a threshold found by bisection (the largest one
+    whose tokens still hold top_p of the mass): 40 masked sums over the vocabulary instead of sorting it,
+    which on a CPU is most of a decode step's time."""
     if temperature == 0.0:
         return jnp.argmax(logits)
     scaled = logits / temperature
-    order = jnp.argsort(-scaled)
-    probs = jax.nn.softmax(scaled[order])
-    before = jnp.cumsum(probs) - probs  # mass of the strictly more probable tokens
-    kept = jnp.where(before < top_p, scaled[order], -jnp.inf)  # the most probable token is always kept
-    return order[jax.random.categorical(key, kept)]
+    probs = jax.nn.softmax(scaled)
+    if top_p < 1.0:
+        def bisect(_, bounds):
+            low, high = bounds  # mass(>= low) >= top_p > mass(>= high)
+            mid = (low + high) / 2
+            enough = jnp.sum(jnp.where(probs >= mid, probs, 0.0)) >= top_p
+            return jnp.where(enough, mid, low), jnp.where(enough, high, mid)
+
+        low, _ = jax.lax.fori_loop(0, 40, bisect, (jnp.float32(0.0), jnp.max(probs) * (1 + 1e-6)))
+        scaled = jnp.where(probs >= low, scaled, -jnp.inf)
+    return jax.random.categorical(key, scaled)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5, 6, 7))
-def _decode(graphdef, state, tokens, lengths, keys, max_new: int, temperature: float, top_p: float):
-    """tokens [B, T] right-padded, lengths [B], keys [B] (one PRNG key per row) -> [B, max_new] tokens."""
+@functools.partial(jax.jit, static_argnums=(0, 5, 6, 7, 8))
+def _decode(graphdef, state, tokens, lengths, keys, max_new: int, temperature: float, top_p: float,
+            stops: tuple[int, ...]):
+    """tokens [B, T] right-padded, lengths [B], keys [B] (one PRNG key per row) -> [B, max_new] tokens.
+    Decoding ends once every row has emitted one of `stops` (slots after that hold -1): a batch costs its
+    longest answer, not the token budget."""
     model = nnx.merge(graphdef, state)
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t), (b, t))
@@ -53,13 +67,21 @@ def _decode(graphdef, state, tokens, lengths, keys, max_new: int, temperature: f
 
     first = next_token(hidden[jnp.arange(b), lengths - 1], 0)
 
-    def step(carry, i):
-        token, position, cache_k, cache_v = carry
-        h, cache_k, cache_v = model.decode_step(token, position, cache_k, cache_v)
-        return (next_token(h, i + 1), position + 1, cache_k, cache_v), token
+    stop_ids = jnp.asarray(stops or (-1,), jnp.int32)
 
-    _, emitted = jax.lax.scan(step, (first, lengths, cache_k, cache_v), jnp.arange(max_new))
-    return emitted.T
+    def unfinished(carry):
+        i, *_, done = carry
+        return (i < max_new) & ~jnp.all(done)
+
+    def step(carry):
+        i, token, position, cache_k, cache_v, emitted, done = carry
+        emitted = emitted.at[:, i].set(token)
+        done = done | jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
+        h, cache_k, cache_v = model.decode_step(token, position, cache_k, cache_v)
+        return i + 1, next_token(h, i + 1), position + 1, cache_k, cache_v, emitted, done
+
+    carry = (0, first, lengths, cache_k, cache_v, jnp.full((b, max_new), -1, jnp.int32), jnp.zeros(b, bool))
+    return jax.lax.while_loop(unfinished, step, carry)[5]
 
 
 def greedy_generate(scorer, prompts: Sequence[Sequence[int]], max_new_tokens: int = 15,
@@ -99,7 +121,7 @@ def generate(scorer, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, t
             rows[r] = key_ids[i]
         keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(jnp.asarray(rows))
         emitted = np.asarray(_decode(scorer._graphdef, scorer._state, jnp.asarray(tokens), jnp.asarray(lengths),
-                                     keys, max_new_tokens, float(temperature), float(top_p)))
+                                     keys, max_new_tokens, float(temperature), float(top_p), tuple(sorted(stops))))
         for r, i in enumerate(idx):
             seq = emitted[r].tolist()
             cut = next((k for k, t in enumerate(seq) if t in stops), len(seq))

@@ -83,11 +83,14 @@ def small_features(small_splits):
     return {name: letter_features(scorer, items, 2) for name, items in small_splits.items()}
 
 
-def test_cached_layers_give_the_letters_elicitation_of_eval(small_splits, small_features):
-    """Frozen layers cached + top layers on top == the scorer's full forward pass over the vocabulary."""
-    scorer = scorer_for(SMOL)
-    items, features = small_splits["dev"], small_features["dev"]
-    params = top_params(scorer.model, 2)
+@pytest.mark.parametrize("top", [1, 3])
+def test_cached_layers_give_the_letters_elicitation_of_eval(model_name, top, small_splits):
+    """Frozen layers cached + top layers on top (the last read at one token) == the scorer's full forward
+    pass over the vocabulary, for both models (Gemma: sliding-window layers, base-model prompt)."""
+    scorer = scorer_for(model_name)
+    items = small_splits["dev"][:6]
+    features = letter_features(scorer, items, top)
+    params = top_params(scorer.model, top)
     probs = np.asarray(distributions(predict_logits(scorer.config, params, scorer.model.output_embedding, features),
                                      features).probs)
     for row, record in zip(probs, run_dcs_letters(scorer, items)):
