@@ -63,8 +63,8 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
     else:
         raise CheckpointError(f"{path}: no such model file or directory")
     start = document_start_id(tokenizer, card, document_start, source=str(path))
-    return Scorer(model, tokenizer, start, name=path.name if path.is_dir() else (card.name if card else path.stem), card=card, progress=progress,
-                  mesh=mesh, **scorer_options)
+    name = path.name if path.is_dir() else (card.name if card else path.stem)
+    return Scorer(model, tokenizer, start, name=name, card=card, progress=progress, mesh=mesh, **scorer_options)
 
 
 def document_start_id(tokenizer, card: ModelCard | None, override: str | None, source: str) -> int:

@@ -170,3 +170,30 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path)
         np.testing.assert_allclose(row[:len(record["probs"])], record["probs"], atol=2e-5)
     assert results["arms"]["dcs+ce"]["metrics"]["dcs"][0] == pytest.approx(
         np.mean([r["dcs"] for r in records]), abs=1e-4)
+
+
+def test_accumulated_micro_batches_make_the_same_update_as_one_batch(small_features):
+    """The jitted step with two micro-batches of 4 == one batch of the same 8 items (per-item mean loss),
+    read through plain SGD with rate 1, whose update is the gradient itself."""
+    import optax
+
+    from dcsjax.training.train import _train_step
+
+    scorer = scorer_for(SMOL)
+    data = small_features["train"]
+    params = top_params(scorer.model, 2)
+    sgd = optax.sgd(1.0)
+    updated = {}
+    for accumulate, batch in ((2, 4), (1, 8)):
+        cfg = TrainConfig(arm="dcs", batch_size=batch, accumulate=accumulate)
+        idx = np.arange(8).reshape(accumulate, batch)
+        arrays = tuple(np.asarray(x)[idx] for x in (data.hidden, data.length, data.letters, data.correct, data.idk,
+                                                      data.valid))
+        updated[accumulate], _, _ = _train_step(scorer.config, cfg, sgd, params, sgd.init(params),
+                                                scorer.model.output_embedding, arrays,
+                                                np.zeros((accumulate, batch, data.letters.shape[1]), np.float32), 0.0)
+    moved = 0.0
+    for before, a, b in zip(jax.tree.leaves(params), jax.tree.leaves(updated[2]), jax.tree.leaves(updated[1])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)  # summation order
+        moved = max(moved, float(np.abs(np.asarray(a) - np.asarray(before)).max()))
+    assert moved > 1e-4  # the step did move the parameters
