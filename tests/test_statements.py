@@ -113,6 +113,9 @@ def test_generation_end_to_end_resumes_and_feeds_aps(tmp_path):
     out = tmp_path / "gk.jsonl"
     counts = generate_statements(scorer, items[:4], card.name, out, max_new_tokens=64, progress=False)
     assert counts["kept"] + counts["too many"] + counts["too few"] == 4
+    # a kill in the middle of writing leaves half a line: it is dropped and its item generated again
+    with out.open("a") as f:
+        f.write('{"id": "' + items[4].id + '", "statem')
     counts = generate_statements(scorer, items, card.name, out, max_new_tokens=64, progress=False)  # resumes
     assert counts["kept"] + counts["too many"] + counts["too few"] == 6
     ids = [json.loads(line)["id"] for path in (out, tmp_path / "gk.rejected.jsonl") if path.is_file()

@@ -59,11 +59,10 @@ def statement_record(item: Item, task: str, statements: Sequence[str], generator
 
 
 def done_ids(*paths: Path) -> set[str]:
-    ids: set[str] = set()
-    for path in paths:
-        if path.is_file():
-            ids |= {json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip()}
-    return ids
+    """Ids already written; a last line cut short by a kill is dropped, so that item is generated again."""
+    from dcsjax.evaluate import read_records
+
+    return {row["id"] for path in paths for row in read_records(path)}
 
 
 def rejected_path(out: Path) -> Path:
@@ -77,6 +76,7 @@ def generate_statements(scorer, items: Sequence[Item], task: str, out: Path, *, 
     -> counts of kept items and of each reason for filtering, over the whole file (resumed runs included)."""
     from tqdm.auto import tqdm
 
+    from dcsjax.evaluate import append_records
     from dcsjax.generate import generate
 
     out = Path(out)
@@ -93,19 +93,17 @@ def generate_statements(scorer, items: Sequence[Item], task: str, out: Path, *, 
             # each item's sampling key comes from its index in the task: a resumed run draws what a whole one would
             outputs = generate(scorer, prompts, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                                batch_size=batch_size, key_ids=[index for index, _ in part])
-            kept_lines, rejected_lines = [], []
+            kept, filtered = [], []
             for (_, item), tokens in zip(part, outputs):
                 text = scorer.tokenizer.decode(tokens, skip_special_tokens=True)
                 statements, why = parse_statements(text, len(item.choices))
                 if statements is None:
-                    rejected_lines.append(json.dumps({"id": item.id, "task": task, "reason": why, "output": text,
-                                                      "n_options": len(item.choices), "generator": generator}))
+                    filtered.append({"id": item.id, "task": task, "reason": why, "output": text,
+                                     "n_options": len(item.choices), "generator": generator})
                 else:
-                    kept_lines.append(json.dumps(statement_record(item, task, statements, generator)))
-            for path, lines in ((out, kept_lines), (rejected, rejected_lines)):
-                if lines:
-                    with path.open("a") as f:
-                        f.write("\n".join(lines) + "\n")
+                    kept.append(statement_record(item, task, statements, generator))
+            append_records(out, kept)  # fsynced, as eval's records
+            append_records(rejected, filtered)
             bar.update(len(part))
     return filter_counts(out)
 
