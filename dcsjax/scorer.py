@@ -67,6 +67,12 @@ class Scorer:
         return self.model.config
 
     # ---------------------------------------------------------------------------------------- texts
+    def chat_text(self, user: str, system: str | None = None) -> str:
+        """A [system and] user turn through the tokenizer's chat template, the assistant's turn opened."""
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + \
+            [{"role": "user", "content": user}]
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids without special tokens; an empty text is an error naming it."""
         texts = list(texts)

@@ -34,9 +34,7 @@ def prompt_ids(scorer, item: Item) -> list[int]:
     instruct = scorer.card.is_instruct if scorer.card is not None else bool(scorer.tokenizer.chat_template)
     question = question_prompt(item, instruct)
     if instruct and scorer.tokenizer.chat_template:
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
-        text = scorer.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return list(scorer.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return scorer.encode([scorer.chat_text(question, SYSTEM_PROMPT)])[0]
     return [scorer.document_start_id, *scorer.encode([f"{SYSTEM_PROMPT}\n\n{question}"])[0]]
 
 

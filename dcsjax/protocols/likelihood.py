@@ -135,10 +135,7 @@ def letters_context(scorer, item: Item, lc: float, lw: float) -> tuple[str, list
     prompt, letters, idk = letters_prompt(item, lc, lw)
     instruct = scorer.card.is_instruct if scorer.card is not None else False
     if instruct and scorer.tokenizer.chat_template:
-        body = prompt.rsplit("\nAnswer:", 1)[0]
-        text = scorer.tokenizer.apply_chat_template([{"role": "user", "content": body}], add_generation_prompt=True,
-                                                    tokenize=False)
-        return text, letters, idk
+        return scorer.chat_text(prompt.rsplit("\nAnswer:", 1)[0]), letters, idk
     return prompt, [" " + letter for letter in letters], idk
 
 

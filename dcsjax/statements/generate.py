@@ -47,9 +47,7 @@ def prompt_ids(scorer, item: Item) -> list[int]:
     if not scorer.tokenizer.chat_template:
         text = f"{SYSTEM_PROMPT}\n\n{user}\n"
         return [scorer.document_start_id, *scorer.encode([text])[0]]
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
-    text = scorer.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(scorer.tokenizer(text, add_special_tokens=False)["input_ids"])
+    return scorer.encode([scorer.chat_text(user, SYSTEM_PROMPT)])[0]
 
 
 def statement_record(item: Item, task: str, statements: Sequence[str], generator: dict) -> dict:

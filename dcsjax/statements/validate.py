@@ -77,8 +77,7 @@ def judge_meaning(scorer, rows: Sequence[dict]) -> list[list[float]]:
         for choice, statement in zip(row["choices"], row["statements"]):
             prompt = JUDGE_PROMPT.format(question=row["question"], answer=choice, statement=statement)
             if chat:
-                contexts.append(scorer.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                                     add_generation_prompt=True, tokenize=False))
+                contexts.append(scorer.chat_text(prompt))
                 options.append(["Yes", "No"])
             else:
                 contexts.append(prompt + "\nAnswer:")
