@@ -10,10 +10,14 @@ N_TOKENS = 640
 
 
 def test_token_logprobs_and_greedy_tokens_match_transformers(model_name):
+    from dcsjax.scorer import Scorer
+
     scorer = scorer_for(model_name)
     ids = scorer.encode([PASSAGE])[0][:N_TOKENS]
     assert len(ids) == N_TOKENS
-    ours = scorer.logprobs_of_ids([ids])[0]
+    # One row: the default batch of the 1024-token bucket has 16 rows, 15 of them padding for one text.
+    one_row = Scorer(scorer.model, scorer.tokenizer, scorer.document_start_id, batch_size=1)
+    ours = one_row.logprobs_of_ids([ids])[0]
     seq = [scorer.document_start_id, *ids]
     ref, ref_logits = reference_logprobs(model_name, seq)
 

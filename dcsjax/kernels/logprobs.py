@@ -34,7 +34,10 @@ def vocab_scan(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, firs
     chunk = min(chunk, rows)
     n_chunks = -(-rows // chunk)
     w = jnp.pad(out_embed, ((0, n_chunks * chunk - rows), (0, 0))).reshape(n_chunks, chunk, d)  # [C, chunk, D]
-    h = hidden.astype(F32)
+    # bfloat16 hidden states and rows multiply exactly into float32 products, so a bfloat16 x bfloat16 ->
+    # float32 matmul gives float32 logits at the bfloat16 kernel's rate; mixed dtypes go through float32.
+    common = hidden.dtype if hidden.dtype == out_embed.dtype else F32
+    h = hidden.astype(common)
     batch_shape = targets.shape
 
     # Rematerialised under autodiff, so a backward pass keeps no chunk of logits either.
@@ -42,7 +45,7 @@ def vocab_scan(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, firs
     def step(carry, xs):
         running_max, running_sum, target_logit = carry  # [B, T] each
         w_c, local_first = xs
-        logits = jnp.einsum("btd,vd->btv", h, w_c.astype(F32))  # [B, T, chunk]
+        logits = jnp.einsum("btd,vd->btv", h, w_c.astype(common), preferred_element_type=F32)  # [B, T, chunk]
         local_ids = local_first + jnp.arange(chunk)  # [chunk] rows of this slice
         vocab_ids = first_id + local_ids
         # Rows padded onto this slice's last chunk, and rows past the vocabulary, are no tokens (on a

@@ -12,22 +12,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Why these numbers: a sequence's float32 scores are bit-identical at any batch size, packed or alone, in
-# any bucket, when rows are multiples of BUCKET_MULTIPLE tokens and packed sequences start at multiples of
-# ALIGN. Off those grids XLA's CPU kernels vectorise the same sums in other groupings and scores move in
-# their last bits (up to ~1.5e-4 nats on a 30-token sum, measured on SmolLM2). tests/test_invariance.py
-# checks the bit-for-bit claim against a one-text-at-a-time reference.
+# Why rows are multiples of BUCKET_MULTIPLE tokens: a sequence's float32 scores are then bit-identical at any
+# batch size, packed or alone, at any offset in its row, in any bucket (tests/test_invariance.py checks this
+# bit for bit against a one-text-at-a-time reference). Offsets need no grid: every sum over a row's keys is
+# a matmul (decoder.attention), and XLA's matmuls add in the same order wherever a row sits.
 BUCKET_MULTIPLE = 64
-ALIGN = 8
 # Every multiple of 64 up to 512, where most statements, questions and options fall (a 150-token row in a
 # 256 bucket wastes 40% of its slots; measured in bench/throughput.py: 100-250-token passages went from
 # 576 to 826 tokens/s on SmolLM2), then doublings, so compiles stay few.
 DEFAULT_BUCKETS = (64, 128, 192, 256, 320, 384, 448, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-
-
-def aligned(length: int) -> int:
-    """Room a part takes in a packed row: its length rounded up to a multiple of ALIGN."""
-    return -(-length // ALIGN) * ALIGN
 
 
 @dataclass(frozen=True)
@@ -41,7 +34,7 @@ class Group:
 
     @property
     def room(self) -> int:
-        return aligned(len(self.prefix)) + sum(aligned(len(s)) for s in self.suffixes)
+        return len(self.prefix) + sum(len(s) for s in self.suffixes)
 
     @property
     def longest(self) -> int:
@@ -147,5 +140,5 @@ def make_batch(groups: list[Group], bucket: int, rows: list[list[int]], batch_ro
                 else:
                     attend_to[r, start:end] = prefix_segment
                 spans.append(Span(g, part, r, start, n))
-                start += aligned(n)
+                start = end
     return Batch(tokens, positions, segments, attend_to, targets, tuple(spans))
