@@ -140,7 +140,7 @@ class Peer:
 
 
 # ------------------------------------------------------------------------------------------ the run
-def bench_model(name: str, quick: bool, peak: dict) -> list[dict]:
+def bench_model(name: str, quick: bool, peak: dict, workloads=("statements", "long", "options")) -> list[dict]:
     import dcsjax
 
     rows = []
@@ -168,6 +168,8 @@ def bench_model(name: str, quick: bool, peak: dict) -> list[dict]:
     scorers = {"float32": scorer}  # each engine loaded once per dtype, reused across workloads
     peers: dict[str, Peer] = {}
     for workload, data, data_ids in (("statements", texts, ids), ("long", long, long_ids)):
+        if workload not in workloads:
+            continue
         tokens = sum(len(x) - 1 for x in data_ids)
         ctx = context_of(data_ids)
         f32 = None
@@ -205,6 +207,8 @@ def bench_model(name: str, quick: bool, peak: dict) -> list[dict]:
                     best = max(best or 0.0, tokens / seconds)
             peer_best[(workload, dtype)] = best
 
+    if "options" not in workloads:
+        return finish(rows, peer_best)
     contexts, options = option_items(n_items)
     flat_ctx = [c for c, opts in zip(contexts, options) for _ in opts]
     flat_opt = [o for opts in options for o in opts]
@@ -216,6 +220,10 @@ def bench_model(name: str, quick: bool, peak: dict) -> list[dict]:
     row("options", "dcsjax", "float32", scored, shared, 0.0, shared_question=True, options=len(options[0]))
     row("options", "dcsjax", "float32", scored, alone, 0.0, shared_question=False, options=len(options[0]),
         speedup_from_sharing=round(alone / shared, 2))
+    return finish(rows, peer_best)
+
+
+def finish(rows: list[dict], peer_best: dict) -> list[dict]:
     for r in rows:
         if r["engine"] == "dcsjax" and (r["workload"], r["dtype"]) in peer_best:
             r["ratio_to_peer_best"] = round(r["tokens_per_s"] / peer_best[r["workload"], r["dtype"]], 2)
@@ -226,6 +234,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--quick", action="store_true", help="a small grid, to check the script runs")
+    parser.add_argument("--workloads", default="statements,long,options", help="which of statements, long, options")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args(argv)
     import jax
@@ -238,7 +247,7 @@ def main(argv=None) -> None:
     rows = []
     for name in args.models.split(","):
         print(name, flush=True)
-        rows += bench_model(name, args.quick, peak)
+        rows += bench_model(name, args.quick, peak, args.workloads.split(","))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"throughput-{time.strftime('%Y%m%d-%H%M%S')}.json"

@@ -65,6 +65,14 @@ def test_bfloat16_checkpoint_and_weights(tmp_path, texts):
     per_token = np.concatenate([a - b for a, b in zip(lps, f32)])
     print(f"bfloat16 weights vs float32: mean |per-token difference| {np.abs(per_token).mean():.3f} nats")
     assert np.abs(per_token).mean() < 0.2
+    # bfloat16 scores too do not move with batch size or packing: short texts packed at odd and even
+    # offsets, then each alone in its row
+    words = PASSAGE.split()
+    rng = np.random.default_rng(0)
+    short = [" ".join(words[i:i + n]) for i, n in zip(rng.integers(0, 400, 48), rng.integers(6, 30, 48))]
+    packed = bf16.token_logprobs(short)
+    bf16.batch_size, bf16.pack = 1, False
+    assert all((a == b).all() for a, b in zip(bf16.token_logprobs(short[:16]), packed))
 
 
 def test_broken_directories(tmp_path):

@@ -257,12 +257,13 @@ def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Arr
     q = q.reshape(b, t, n, g, c.head_dim)  # [B, T, N, G, K]
     scores = jnp.einsum("btngk,bsnk->bngts", q, k, preferred_element_type=F32) * c.attn_scale
     scores = jnp.where(mask[:, None, None], scores, MASKED)  # [B, N, G, T, S]
-    unnormed = jnp.exp(scores - scores.max(axis=-1, keepdims=True)).astype(v.dtype)  # a max is exact in any order
+    unnormed = jnp.exp(scores - scores.max(axis=-1, keepdims=True))  # a max is exact in any order
     # The softmax's denominator comes out of the same matmul as the weighted values, from a column of ones
-    # appended to V, and is divided out afterwards. A matmul sums over keys in the same order wherever a
-    # sequence sits in its row, where a separate sum (a dot with ones) groups the keys by their column, so
-    # a packed sequence's scores would depend on its offset.
-    v1 = jnp.concatenate([v, jnp.ones((*v.shape[:-1], 1), v.dtype)], axis=-1)  # [B, S, N, K + 1]
+    # appended to V, and is divided out afterwards. A float32 matmul sums over keys in the same order
+    # wherever a sequence sits in its row, where a separate sum (a dot with ones) groups the keys by their
+    # column, so a packed sequence's scores would depend on its offset. Float32 for bfloat16 weights too:
+    # the bfloat16 kernel adds keys in pairs (AVX-512 BF16), which again depends on the offset.
+    v1 = jnp.concatenate([v.astype(F32), jnp.ones((*v.shape[:-1], 1), F32)], axis=-1)  # [B, S, N, K + 1]
     summed = jnp.einsum("bngts,bsnk->btngk", unnormed, v1, preferred_element_type=F32)
     out = (summed[..., :-1] / summed[..., -1:]).astype(v.dtype).reshape(b, t, c.num_heads, c.head_dim)
     return dense("bthk,hkd->btd", out, p["o"]), (k, v)
