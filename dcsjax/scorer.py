@@ -17,7 +17,7 @@ from flax import nnx
 
 from dcsjax.errors import InputError
 from dcsjax.kernels.logprobs import reduce_logprobs, sharded_token_logprobs, token_logprobs
-from dcsjax.kernels.packing import BUCKET_MULTIPLE, DEFAULT_BUCKETS, Group, make_batch, plan_batches, rows_per_batch
+from dcsjax.kernels.packing import BUCKET_MULTIPLE, DEFAULT_BUCKETS, Group, PlannedBatch, make_batch, plan_batches
 from dcsjax.nn.decoder import Decoder
 from dcsjax.sharding import batch_sharding
 
@@ -170,13 +170,11 @@ class Scorer:
             if group.room > self.max_length:
                 raise InputError(f"item {i}: its context and all its options together exceed {self.max_length} tokens")
         out = [(np.zeros(0, np.float32), [None] * len(g.suffixes)) for g in groups]
-        plan = plan_batches([g.room for g in groups], self.batch_size, self.buckets, self.pack, self.max_batch_tokens,
-                            self._row_multiple)
+        plan = self.plan([g.room for g in groups])
         rows_sharding = batch_sharding(self.mesh) if self.mesh is not None else None
         pending = None  # one batch in flight while the next is being prepared
-        for bucket, rows in self._progress(plan, total=len(groups)):
-            batch = make_batch(groups, bucket, rows, rows_per_batch(bucket, self.batch_size, self.max_batch_tokens,
-                                                                    self._row_multiple))
+        for bucket, rows, height in self._progress(plan, total=len(groups)):
+            batch = make_batch(groups, bucket, rows, height)
             arrays = (batch.tokens, batch.positions, batch.segment_ids, batch.attend_to, batch.targets)
             arrays = jax.device_put(arrays, rows_sharding)  # None: the default device
             result = _batch_logprobs(self._graphdef, self.vocab_chunk, self.mesh, self._state, *arrays)
@@ -186,6 +184,11 @@ class Scorer:
         if pending is not None:
             self._collect(*pending, out)
         return out
+
+    def plan(self, rooms: list[int]) -> list[PlannedBatch]:
+        """The batches that hold groups of these sizes (tokens each, document start included)."""
+        return plan_batches(rooms, self.batch_size, self.buckets, self.pack, self.max_batch_tokens,
+                            self._row_multiple)
 
     @staticmethod
     def _collect(batch, result, out) -> None:
@@ -204,8 +207,8 @@ class Scorer:
         from tqdm.auto import tqdm
 
         with tqdm(total=total, desc=f"scoring ({self.name})", unit="seq") as bar:
-            for bucket, rows in plan:
-                yield bucket, rows
+            for bucket, rows, height in plan:
+                yield bucket, rows, height
                 bar.update(sum(len(r) for r in rows))
 
     @staticmethod

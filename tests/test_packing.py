@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcsjax.kernels.packing import Group, make_batch, plan_batches, rows_per_batch
+from dcsjax.kernels.packing import Group, batch_heights, make_batch, plan_batches, rows_per_batch
 
 BUCKETS = (64, 128, 256)
 
@@ -20,10 +20,14 @@ def test_every_part_is_placed_once_and_alone(shapes, batch_size, pack, max_token
     groups = [g for g in groups if g.room <= BUCKETS[-1]]
     if not groups:
         return
-    seen = []
-    for bucket, rows in plan_batches([g.room for g in groups], batch_size, BUCKETS, pack, max_tokens):
-        size = rows_per_batch(bucket, batch_size, max_tokens)
-        assert 1 <= len(rows) <= size
+    seen, plan = [], plan_batches([g.room for g in groups], batch_size, BUCKETS, pack, max_tokens)
+    for i, (bucket, rows, size) in enumerate(plan):
+        full = rows_per_batch(bucket, batch_size, max_tokens)
+        # full batches, except a bucket's last, which takes the smallest height of the ladder that holds it
+        last_of_bucket = i + 1 == len(plan) or plan[i + 1].bucket != bucket
+        assert size == (min(h for h in batch_heights(bucket, batch_size, max_tokens) if h >= len(rows))
+                        if last_of_bucket else full)
+        assert 1 <= len(rows) <= size and (len(rows) == full or last_of_bucket)
         batch = make_batch(groups, bucket, rows, size)
         assert batch.tokens.shape == (size, bucket)
         occupied = np.zeros((size, bucket), bool)
@@ -57,7 +61,8 @@ def test_every_part_is_placed_once_and_alone(shapes, batch_size, pack, max_token
 def test_packing_fills_rows():
     rooms = [Group(tuple(range(21))).room] * 30  # 21 tokens each, packed end to end: 6 per 128-token row
     plan = plan_batches(rooms, 16, (128,), pack=True)
-    rows = [row for _, batch in plan for row in batch]
+    rows = [row for batch in plan for row in batch.rows]
     assert len(rows) == 5 and all(len(r) == 6 for r in rows)
+    assert [batch.height for batch in plan] == [8]  # 5 rows: the ladder's 8, not a batch of 16
     unpacked = plan_batches(rooms, 16, (128,), pack=False)
-    assert sum(len(batch) for _, batch in unpacked) == 30
+    assert [len(batch.rows) for batch in unpacked] == [16, 14] and [batch.height for batch in unpacked] == [16, 16]

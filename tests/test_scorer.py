@@ -3,21 +3,35 @@
 import numpy as np
 
 from conftest import PASSAGE, reference_logprobs
+from dcsjax.kernels.packing import batch_heights
 from dcsjax.scorer import Scorer
 
 
-def test_compiles_at_most_once_per_bucket(smollm2):
+def test_compiles_once_per_batch_shape(smollm2):
+    """One compile per (bucket, rows) shape a run uses, and none for a shape an earlier run compiled; rows
+    come from the halving ladder, so a bucket has at most len(batch_heights) shapes whatever the data."""
     words = PASSAGE.split()
+    # a vocab_chunk (a static argument of the kernel) that no other test uses: shapes compiled by earlier
+    # tests in this process are not in its cache
     scorer = Scorer(smollm2.model, smollm2.tokenizer, smollm2.document_start_id, batch_size=5,
-                    buckets=(64, 128, 256))
-    texts = [" ".join(words[i:i + n]) for i, n in enumerate(range(1, 150, 3))]  # 50 lengths, 3 buckets
+                    buckets=(64, 128, 256), vocab_chunk=4096)
+
+    def shapes(texts):
+        rooms = [len(ids) + 1 for ids in scorer.encode(texts)]
+        return {(b.bucket, b.height) for b in scorer.plan(rooms)}
+
+    first_texts = [" ".join(words[i:i + n]) for i, n in enumerate(range(1, 150, 3))]  # 50 lengths, 3 buckets
+    second_texts = [" ".join(words[i + 7:i + 7 + n]) for i, n in enumerate(range(2, 150, 5))]
     before = Scorer.compile_count()
-    scorer.score(texts)
+    scorer.score(first_texts)
     first = Scorer.compile_count() - before
-    scorer.score([" ".join(words[i + 7:i + 7 + n]) for i, n in enumerate(range(2, 150, 5))])
+    scorer.score(second_texts)
     second = Scorer.compile_count() - before - first
-    print(f"50 texts of 1-149 words over buckets (64, 128, 256): {first} compiles; a second run: {second}")
-    assert first == 3 and second == 0
+    print(f"50 texts of 1-149 words over buckets (64, 128, 256): {first} compiles for shapes "
+          f"{sorted(shapes(first_texts))}; a second run: {second} for {sorted(shapes(second_texts))}")
+    assert first == len(shapes(first_texts)) and {b for b, _ in shapes(first_texts)} == {64, 128, 256}
+    assert second == len(shapes(second_texts) - shapes(first_texts))
+    assert all(h in batch_heights(b, 5, scorer.max_batch_tokens) for b, h in shapes(first_texts) | shapes(second_texts))
 
 
 def test_continuation_scores_match_transformers(smollm2):

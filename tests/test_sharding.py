@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dcsjax.kernels.packing import rows_per_batch
+from dcsjax.kernels.packing import batch_heights, rows_per_batch
 from dcsjax.sharding import RULES, make_mesh, partition_spec
 
 
@@ -75,3 +75,6 @@ def test_mesh_errors_and_row_multiples():
         make_mesh("2x2x2")
     assert rows_per_batch(64, 16, 16384, 8) == 16 and rows_per_batch(4096, 16, 16384, 8) == 8
     assert rows_per_batch(64, 6, None, 4) == 8
+    # a short last batch halves down to the data axis, never below it
+    assert batch_heights(64, 16, 16384, 8) == (16, 8) and batch_heights(64, 6, None, 4) == (8, 4)
+    assert batch_heights(64, 16, 16384, 1) == (16, 8, 4, 2, 1)
