@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+
+# dcsjax needs no torch: transformers' advice that it is missing would only mislead
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from dcsjax.errors import DcsjaxError
 
@@ -72,15 +76,40 @@ def cmd_eval(args) -> int:
 
         initialize(args.coordinator, args.num_processes, args.process_id)
     start = time.perf_counter()
-    summary = run_eval(args.model, args.tasks.split(","), args.protocols.split(","), Path(args.output),
+    summary = run_eval(args.model, _names(args.tasks), _names(args.protocols), Path(args.output),
                        limit=args.limit, threshold=args.threshold, batch_size=args.batch_size, dtype=args.dtype,
-                       mesh=args.mesh, statements=args.statements)
+                       mesh=args.mesh, statements=args.statements,
+                       replace_stale=args.replace_stale or args.command == "demo")
     import jax
 
     if jax.process_index() == 0:
         print(format_table(summary))
         print(f"\n{time.perf_counter() - start:.0f} s; per-item results and summary.json under {args.output}")
     return 0
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of items, at least 1, not {text!r}")
+    return value
+
+
+def _threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"the target threshold t must lie strictly between 0 and 1, not {text!r}")
+    return value
 
 
 def cmd_report(args) -> int:
@@ -174,7 +203,7 @@ def _statements_parser(sub) -> None:
     g.add_argument("--model", default=None, help="an instruct model; none: the card's cloze blank or template")
     g.add_argument("--task", required=True)
     g.add_argument("--out", required=True, help="JSONL of kept items (+ .rejected.jsonl of filtered ones)")
-    g.add_argument("--limit", type=int, default=None, help="the first N items")
+    g.add_argument("--limit", type=_positive_int, default=None, help="the first N items")
     g.add_argument("--temperature", type=float, default=TEMPERATURE)
     g.add_argument("--top-p", type=float, default=TOP_P)
     g.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
@@ -232,10 +261,14 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--model", default=DEMO_MODEL)
         p.add_argument("--tasks", default=",".join(DEMO_TASKS))
         p.add_argument("--protocols", default=",".join(DEMO_PROTOCOLS))
-        p.add_argument("--limit", type=int, default=DEMO_LIMIT if name == "demo" else None,
+        p.add_argument("--limit", type=_positive_int, default=DEMO_LIMIT if name == "demo" else None,
                        help="the first N items of each task")
-        p.add_argument("--threshold", type=float, default=None, help="DCS loadings lc = 1, lw = t / (1 - t)")
+        p.add_argument("--threshold", type=_threshold, default=None, help="DCS loadings lc = 1, lw = t / (1 - t)")
         p.add_argument("--output", default="results")
+        p.add_argument("--replace-stale", action="store_true", default=False,
+                       help="records in OUTPUT made with other settings (model, dtype, loadings, prompt, data, code) "
+                            "are moved aside to <protocol>.jsonl.stale and scored anew, instead of stopping the "
+                            "run" + (" (always on for demo)" if name == "demo" else ""))
         p.add_argument("--statements", default=None,
                        help="APS statements from `dcsjax statements generate`; only the items it holds are scored")
         p.add_argument("--batch-size", type=int, default=16)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -13,10 +11,10 @@ import jax.numpy as jnp
 from dcsjax.cards import ModelCard, model_card, model_card_names
 from dcsjax.checkpoints.assemble import build_decoder
 from dcsjax.checkpoints.gguf_file import gguf_metadata, gguf_tensors, gguf_vocab_size, open_gguf
+from dcsjax.checkpoints.gguf_tokenizer import gguf_tokenizer
 from dcsjax.checkpoints.hf_dir import hf_config, hf_tensors
 from dcsjax.errors import CheckpointError, ConfigError, UnknownModelError
 from dcsjax.nn.config import config_from_gguf, config_from_hf
-from dcsjax.paths import cache_dir
 from dcsjax.scorer import Scorer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -58,13 +56,31 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
         if base is not None and card is None:
             card = model_card(base)
         model, tokenizer = _load_hf_dir(path, DTYPES[dtype], mesh)
+        identity = {"hf_dir": str(path.resolve()), "sha256": hf_dir_digest(path)}
     elif path.suffix == ".gguf" or path.is_file():
-        model, tokenizer = _load_gguf(path, DTYPES[dtype], mesh)
+        model, tokenizer, digest = _load_gguf(path, DTYPES[dtype], mesh, card.sha256 if card is not None else None)
+        identity = {"gguf": path.name, "sha256": digest}
     else:
         raise CheckpointError(f"{path}: no such model file or directory")
     start = document_start_id(tokenizer, card, document_start, source=str(path))
     name = path.name if path.is_dir() else (card.name if card else path.stem)
-    return Scorer(model, tokenizer, start, name=name, card=card, progress=progress, mesh=mesh, **scorer_options)
+    fingerprint = {**identity, "card": card.name if card else None, "dtype": dtype,
+                   "document_start": int(start)}
+    return Scorer(model, tokenizer, start, name=name, card=card, progress=progress, mesh=mesh,
+                  model_fingerprint=fingerprint, **scorer_options)
+
+
+def hf_dir_digest(path: Path) -> str:
+    """What identifies an HF directory without reading gigabytes: its config and tokenizer files' bytes,
+    and each weight file's name and size (a hub snapshot's folder name is its revision besides)."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.iterdir() if p.is_file()):
+        digest.update(file.name.encode() + b"\0")
+        if file.suffix in (".safetensors", ".bin", ".gguf"):
+            digest.update(str(file.stat().st_size).encode())
+        else:
+            digest.update(hashlib.sha256(file.read_bytes()).digest())
+    return digest.hexdigest()
 
 
 def document_start_id(tokenizer, card: ModelCard | None, override: str | None, source: str) -> int:
@@ -84,34 +100,17 @@ def document_start_id(tokenizer, card: ModelCard | None, override: str | None, s
     return int(token_id)
 
 
-def _load_gguf(path: Path, dtype, mesh=None):
+def _load_gguf(path: Path, dtype, mesh, sha256: str | None):
+    """(model, tokenizer, the file's SHA-256); a card's checksum was checked when it was fetched."""
+    from dcsjax.fetch import sha256_file
+
     reader = open_gguf(path)
+    sha256 = sha256 or sha256_file(path)
     meta = gguf_metadata(reader)
     config = config_from_gguf(meta, gguf_vocab_size(reader), source=str(path))
     model = build_decoder(config, gguf_tensors(reader, config.architecture, config.num_heads,
                                                config.num_kv_heads, str(path)), str(path), dtype, mesh)
-    return model, _gguf_tokenizer(path)
-
-
-def _gguf_tokenizer(path: Path):
-    """transformers' GGUF tokenizer conversion is slow (12 s for Gemma's 262k vocabulary): do it once and
-    keep the result under the cache, keyed by the file's identity."""
-    from transformers import AutoTokenizer
-
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:20]
-    saved = cache_dir() / "tokenizers" / key
-    if saved.is_dir():
-        return AutoTokenizer.from_pretrained(saved)
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    saved.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=saved.parent))
-    tokenizer.save_pretrained(tmp)
-    try:
-        os.replace(tmp, saved)
-    except OSError:  # another process saved it first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return tokenizer
+    return model, gguf_tokenizer(path, reader, sha256), sha256
 
 
 def _load_hf_dir(path: Path, dtype, mesh=None):

@@ -47,6 +47,9 @@ class Scorer:
     vocab_chunk: int = 8192
     progress: bool = False
     mesh: object | None = None  # a jax Mesh with axes (data, model); the model's parameters already on it
+    # what identifies the weights and how they were loaded (file checksum, card, dtype, document start):
+    # part of every result record's fingerprint (`dcsjax.results`)
+    model_fingerprint: dict | None = None
 
     def __post_init__(self) -> None:
         limit = self.model.config.max_context // BUCKET_MULTIPLE * BUCKET_MULTIPLE

@@ -26,9 +26,12 @@ def make_mesh(spec: str | Sequence[int] | Mesh | None) -> Mesh | None:
     """"2x4" (data x model), (2, 4), a Mesh, or None (one device, no mesh)."""
     if spec is None or isinstance(spec, Mesh):
         return spec
-    shape = tuple(int(s) for s in spec.lower().split("x")) if isinstance(spec, str) else tuple(spec)
+    try:
+        shape = tuple(int(s) for s in spec.lower().split("x")) if isinstance(spec, str) else tuple(map(int, spec))
+    except (TypeError, ValueError):
+        shape = ()
     if len(shape) != 2 or min(shape) < 1:
-        raise ValueError(f"a mesh is data x model, e.g. '2x4', not {spec!r}")
+        raise ValueError(f"a mesh is DATAxMODEL devices, two whole numbers such as '2x4', not {spec!r}")
     have = jax.local_device_count()  # a mesh spans this process's devices; processes split the items
     if math.prod(shape) != have:
         raise ValueError(f"mesh {shape[0]}x{shape[1]} needs {math.prod(shape)} devices; this process has {have} "

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dcsjax.analysis.scaling import bootstrap_band, break_even, fit_curves
-from dcsjax.evaluate import headline_values, read_records
+from dcsjax.evaluate import headline_values
+from dcsjax.results import ReadReport, read_records, result_files
 from dcsjax.metrics import (
     DEFAULT_THRESHOLDS,
     Distributions,
@@ -56,19 +57,19 @@ def _model_info(name: str, sizes: dict) -> tuple[float | None, str | None]:
     return None, None
 
 
-def load_results(dirs: list[Path], sizes: dict | None = None) -> dict[str, ModelResults]:
-    """Every model's per-item records under the results folders; a later folder's task replaces an earlier's."""
+def load_results(dirs: list[Path], sizes: dict | None = None,
+                 skipped: ReadReport | None = None) -> dict[str, ModelResults]:
+    """Every model's per-item records under the results folders; a later folder's task replaces an earlier's.
+    Broken lines and second records of an item are skipped (never repaired: a reader does not write) and
+    listed in `skipped`."""
     models: dict[str, ModelResults] = {}
     for root in map(Path, dirs):
         if not root.is_dir():
             raise FileNotFoundError(f"{root}: not a results folder")
-        for path in sorted(root.glob("*/*/*.jsonl")):
-            protocol, task, model = path.stem, path.parent.name, path.parent.parent.name
-            if protocol == "errors":
-                continue
+        for model, task, protocol, path in result_files(root):
             if model not in models:
                 models[model] = ModelResults(model, *_model_info(model, sizes or {}))
-            models[model].records[task][protocol] = read_records(path)
+            models[model].records[task][protocol] = read_records(path, skipped)
     if not models:
         raise FileNotFoundError(f"no <model>/<task>/<protocol>.jsonl results under {', '.join(map(str, dirs))}")
     return models
@@ -351,7 +352,8 @@ def ppl_figure(models: dict[str, ModelResults], tasks: list[str], path: Path) ->
 # ------------------------------------------------------------------------------------------- the command
 def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_boot: int = 1000) -> Path:
     sizes = tomllib.loads(Path(sizes_file).read_text()) if sizes_file else {}
-    models = load_results(dirs, sizes)
+    skipped = ReadReport()
+    models = load_results(dirs, sizes, skipped)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tasks = sorted({t for m in models.values() for t in m.records})
@@ -362,7 +364,9 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
     scaling_by_task_figure(models, tasks, out / "scaling_by_task.png")
     dcs_spectrum_figure(models, tasks, out / "dcs_spectrum.png")
     risk_coverage_figure(models, tasks, out / "risk_coverage.png")
-    ppl_figure(models, tasks, out / "ppl.png")
+    has_aps = any(m.records[t].get("aps") for m in models.values() for t in m.records)
+    if has_aps:
+        ppl_figure(models, tasks, out / "ppl.png")
     unsized = [m.name for m in models.values() if not m.parameters]
     stale = sorted({f"{m.name}/{t}/{p}" for m in models.values() for t, by in m.records.items()
                     for p, recs in by.items() if p in DCS_PROTOCOLS and recs and "correct_options" not in recs[0]})
@@ -380,12 +384,16 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
         "- ![Per task](scaling_by_task.png)",
         "- ![DCS against the target threshold](dcs_spectrum.png)",
         "- ![Risk-coverage curves](risk_coverage.png)",
-        "- ![APS perplexities](ppl.png)", "",
+        *(["- ![APS perplexities](ppl.png)"] if has_aps else []), "",
         "## Scaling fits", "",
         *(f"- {n}" for n in notes or ["no model sizes known: pass --sizes"]),
         *([f"- no size known for {', '.join(unsized)} (add it with --sizes)"] if unsized else []), "",
         *([f"DCS records written before they carried `correct_options` (rerun `dcsjax eval` on them for "
            f"calibration metrics): {', '.join(stale)}", ""] if stale else []),
+        *([f"Skipped while reading ({len(skipped.broken)} broken line(s), {len(skipped.duplicates)} second "
+           "record(s) of an item; the files were left as they are):", "",
+           *(f"- {where}" for where in skipped.broken + skipped.duplicates), ""]
+          if skipped.broken or skipped.duplicates else []),
         "## Every metric", "", markdown_table(rows), "",
     ]
     summary = out / "summary.md"

@@ -92,8 +92,12 @@ def bigbench_items(task: str, idk_choice: str | None = None) -> tuple[list[Item]
 
 
 def _read_json(path: Path) -> dict:
+    data = path.read_bytes()
     try:
-        return json.loads(path.read_text())
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise DcsjaxError(f"{path}:{line}: not UTF-8 (byte 0x{data[err.start]:02x})") from err
     except json.JSONDecodeError as err:
         raise DcsjaxError(f"{path}: broken JSON at line {err.lineno}: {err.msg}") from err
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Iterator
 
 from dcsjax.data.items import LETTERS, Item, ItemError, check_item
+from dcsjax.errors import InputError
 
 
 def _index(value, n: int) -> int:
@@ -24,18 +26,44 @@ def _index(value, n: int) -> int:
     raise ValueError(f"answer {value!r} is neither an index nor a letter")
 
 
-def jsonl_items(path: str | Path) -> tuple[list[Item], list[ItemError]]:
+def jsonl_rows(path: str | Path) -> Iterator[tuple[int, dict | None, str | None]]:
+    """(line number, the line's JSON object, None) or (line number, None, why it is not one), for every
+    non-blank line. A line that is not UTF-8 is one such error, named by its line and byte; the rest of
+    the file is still read."""
     path = Path(path)
-    items: list[Item] = []
-    errors: list[ItemError] = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        where = f"{path}:{number}"
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise InputError(f"{path}: cannot read it: {err.strerror or err}") from err
+    for number, raw in enumerate(data.splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            yield number, None, f"not UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1})"
+            continue
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            if not isinstance(row, dict):
-                raise ValueError("a line must hold a JSON object")
+        except json.JSONDecodeError as err:
+            yield number, None, f"broken JSON: {err.msg}"
+            continue
+        if not isinstance(row, dict):
+            yield number, None, "a line must hold a JSON object"
+            continue
+        yield number, row, None
+
+
+def jsonl_items(path: str | Path) -> tuple[list[Item], list[ItemError]]:
+    path = Path(path)
+    items: list[Item] = []
+    errors: list[ItemError] = []
+    for number, row, problem in jsonl_rows(path):
+        where = f"{path}:{number}"
+        if problem is not None:
+            errors.append(ItemError(where, problem))
+            continue
+        try:
             missing = [k for k in ("question", "choices", "answer") if k not in row]
             if missing:
                 raise ValueError(f"missing field {', '.join(missing)}")
@@ -45,9 +73,6 @@ def jsonl_items(path: str | Path) -> tuple[list[Item], list[ItemError]]:
                         correct=tuple(_index(a, len(choices)) for a in answers),
                         statements=tuple(row["statements"]) if row.get("statements") is not None else None,
                         idk=row.get("idk"), source={"file": str(path), "line": number})
-        except json.JSONDecodeError as err:
-            errors.append(ItemError(where, f"broken JSON: {err.msg}"))
-            continue
         except (ValueError, TypeError) as err:
             errors.append(ItemError(where, str(err)))
             continue

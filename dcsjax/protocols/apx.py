@@ -28,12 +28,20 @@ def question_prompt(item: Item, instruct: bool) -> str:
     return f"Question: {item.question}\nOptions:\n{options}\n{ending}"
 
 
+def is_instruct(scorer) -> bool:
+    """The card says; without a card, a model with a chat template is taken as instruct."""
+    return scorer.card.is_instruct if scorer.card is not None else bool(scorer.tokenizer.chat_template)
+
+
+def uses_chat_template(scorer) -> bool:
+    return is_instruct(scorer) and bool(scorer.tokenizer.chat_template)
+
+
 def prompt_ids(scorer, item: Item) -> list[int]:
     """Token ids of the full prompt: the chat template where the model has one, else system + question
     after the document-start token."""
-    instruct = scorer.card.is_instruct if scorer.card is not None else bool(scorer.tokenizer.chat_template)
-    question = question_prompt(item, instruct)
-    if instruct and scorer.tokenizer.chat_template:
+    question = question_prompt(item, is_instruct(scorer))
+    if uses_chat_template(scorer):
         return scorer.encode([scorer.chat_text(question, SYSTEM_PROMPT)])[0]
     return [scorer.document_start_id, *scorer.encode([f"{SYSTEM_PROMPT}\n\n{question}"])[0]]
 

@@ -129,12 +129,17 @@ def letters_prompt(item: Item, lc: float, lw: float) -> tuple[str, list[str], in
     return "\n".join(lines), letters, idk
 
 
+def letters_use_chat_template(scorer) -> bool:
+    """Only a model whose card says instruct is asked through its chat template (a base model's template,
+    where it has one, is not what it was pretrained on)."""
+    return scorer.card is not None and scorer.card.is_instruct and bool(scorer.tokenizer.chat_template)
+
+
 def letters_context(scorer, item: Item, lc: float, lw: float) -> tuple[str, list[str], int]:
     """(context, letter continuations, IDK index). An instruct model with a chat template is asked through
     it, and its answer starts the assistant turn ("A"); others complete "Answer:" (" A")."""
     prompt, letters, idk = letters_prompt(item, lc, lw)
-    instruct = scorer.card.is_instruct if scorer.card is not None else False
-    if instruct and scorer.tokenizer.chat_template:
+    if letters_use_chat_template(scorer):
         return scorer.chat_text(prompt.rsplit("\nAnswer:", 1)[0]), letters, idk
     return prompt, [" " + letter for letter in letters], idk
 

@@ -57,8 +57,8 @@ def statement_record(item: Item, task: str, statements: Sequence[str], generator
 
 
 def done_ids(*paths: Path) -> set[str]:
-    """Ids already written; a last line cut short by a kill is dropped, so that item is generated again."""
-    from dcsjax.evaluate import read_records
+    """Ids already written (read only; the writer repairs a last line cut short by a kill first)."""
+    from dcsjax.results import read_records
 
     return {row["id"] for path in paths for row in read_records(path)}
 
@@ -74,35 +74,38 @@ def generate_statements(scorer, items: Sequence[Item], task: str, out: Path, *, 
     -> counts of kept items and of each reason for filtering, over the whole file (resumed runs included)."""
     from tqdm.auto import tqdm
 
-    from dcsjax.evaluate import append_records
     from dcsjax.generate import generate
+    from dcsjax.results import FileLock, append_jsonl, repair_cut_tail
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     rejected = rejected_path(out)
-    generator = {"model": scorer.name, "temperature": temperature, "top_p": top_p,
-                 "max_new_tokens": max_new_tokens, "seed": seed}
-    done = done_ids(out, rejected)
-    todo = [(index, item) for index, item in enumerate(items) if item.id not in done]
-    with tqdm(total=len(items), initial=len(items) - len(todo), desc=f"statements {task}", disable=not progress) as bar:
-        for start in range(0, len(todo), chunk):
-            part = todo[start:start + chunk]
-            prompts = [prompt_ids(scorer, item) for _, item in part]
-            # each item's sampling key comes from its index in the task: a resumed run draws what a whole one would
-            outputs = generate(scorer, prompts, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                               batch_size=batch_size, key_ids=[index for index, _ in part])
-            kept, filtered = [], []
-            for (_, item), tokens in zip(part, outputs):
-                text = scorer.tokenizer.decode(tokens, skip_special_tokens=True)
-                statements, why = parse_statements(text, len(item.choices))
-                if statements is None:
-                    filtered.append({"id": item.id, "task": task, "reason": why, "output": text,
-                                     "n_options": len(item.choices), "generator": generator})
-                else:
-                    kept.append(statement_record(item, task, statements, generator))
-            append_records(out, kept)  # fsynced, as eval's records
-            append_records(rejected, filtered)
-            bar.update(len(part))
+    generator = {"model": scorer.name, "model_fingerprint": scorer.model_fingerprint, "temperature": temperature,
+                 "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed}
+    with FileLock(out.with_name(out.name + ".lock"), f"statements file {out}"):  # one writer per file
+        repair_cut_tail(out)
+        repair_cut_tail(rejected)
+        done = done_ids(out, rejected)
+        todo = [(index, item) for index, item in enumerate(items) if item.id not in done]
+        with tqdm(total=len(items), initial=len(items) - len(todo), desc=f"statements {task}",
+                  disable=not progress) as bar:
+            for start in range(0, len(todo), chunk):
+                part = todo[start:start + chunk]
+                prompts = [prompt_ids(scorer, item) for _, item in part]
+                # each item's sampling key comes from its index in the task: a resumed run draws what a whole one would
+                outputs = generate(scorer, prompts, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                                   batch_size=batch_size, key_ids=[index for index, _ in part])
+                kept, filtered = [], []
+                for (_, item), tokens in zip(part, outputs):
+                    text = scorer.tokenizer.decode(tokens, skip_special_tokens=True)
+                    statements, why = parse_statements(text, len(item.choices))
+                    if statements is None:
+                        filtered.append({"id": item.id, "task": task, "reason": why, "output": text,
+                                         "n_options": len(item.choices), "generator": generator})
+                    else:
+                        kept.append(statement_record(item, task, statements, generator))
+                append_jsonl(out, kept)  # fsynced, as eval's records
+                append_jsonl(rejected, filtered)
+                bar.update(len(part))
     return filter_counts(out)
 
 

@@ -24,17 +24,21 @@ JUDGE_PROMPT = ("Question: {question}\nAnswer: {answer}\nStatement: {statement}\
 
 
 def read_statements(path: Path) -> list[dict]:
-    """A statements file's rows; a broken line or one whose statements do not match its options is an
-    error naming the file and line."""
+    """A statements file's rows; a line that is broken, not UTF-8, lacks a field or whose statements do not
+    match its options is an error naming the file and line."""
+    from dcsjax.data.jsonl import jsonl_rows
+
     rows = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, row, problem in jsonl_rows(path):
         try:
-            row = json.loads(line)
+            if problem is not None:
+                raise ValueError(problem)
+            missing = [k for k in ("id", "question", "choices", "statements") if k not in row]
+            if missing:
+                raise ValueError(f"missing field {', '.join(missing)}")
             if len(row["statements"]) != len(row["choices"]):
                 raise ValueError(f"{len(row['statements'])} statements for {len(row['choices'])} options")
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        except (TypeError, ValueError) as err:
             raise InputError(f"{path}:{number}: not a statements row: {err}") from err
         rows.append(row)
     return rows
