@@ -138,6 +138,11 @@ def read_records(path: Path, report: ReadReport | None = None) -> list[dict]:
     return read_jsonl(path, report)
 
 
+def read_errors(folder: Path) -> list[dict]:
+    """A task's error records ({"where", "error"}); an item may fail under several protocols."""
+    return read_jsonl(Path(folder) / f"{ERRORS}.jsonl", key=None)
+
+
 def read_summary(output: Path) -> dict:
     path = Path(output) / SUMMARY
     if not path.exists():

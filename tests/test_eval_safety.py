@@ -1,0 +1,179 @@
+"""`dcsjax eval` on a real model computes every number it prints: a resume reuses only records made with
+the same settings, one writer per folder, a summary that merges without losing or doubling rows, bad input
+reported by item, file and line while the rest is scored, readers that never write."""
+
+import json
+import re
+import warnings
+
+import pytest
+
+from conftest import scorer_for
+from dcsjax.analysis.report import write_report
+from dcsjax.cli import main
+from dcsjax.errors import ConfigError
+from dcsjax.evaluate import run_eval
+from dcsjax.results import ResultsError, read_errors, read_records
+
+MODEL = "smollm2-135m-instruct"
+
+
+def evaluate(output, tasks=("known_unknowns",), protocols=("dcs",), limit=6, scorer=None, **kwargs):
+    return run_eval(MODEL, list(tasks), list(protocols), output, limit=limit, scorer=scorer or scorer_for(MODEL),
+                    progress=False, **kwargs)
+
+
+def values(summary):
+    return {(r["task"], r["protocol"]): r["value"] for r in summary["rows"]}
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f"jsonl:{path}"
+
+
+ITEMS = [{"id": f"q{i}", "question": f"What is {i} + {i}?", "choices": [str(2 * i), str(2 * i + 1)], "answer": 0}
+         for i in range(1, 4)]
+
+
+def test_a_resume_with_another_threshold_is_refused_then_scored_anew(tmp_path):
+    out = tmp_path / "out"
+    default = values(evaluate(out))
+    with pytest.raises(ResultsError, match=r"made with other settings \(settings\.lw: 1\.0 -> 9\.0"):
+        evaluate(out, threshold=0.9)
+    assert values(evaluate(out)) == default  # the same settings resume from every record
+    with pytest.warns(UserWarning, match="moved to dcs.jsonl.stale"):
+        replaced = values(evaluate(out, threshold=0.9, replace_stale=True))
+    fresh = values(evaluate(tmp_path / "fresh", threshold=0.9))
+    assert replaced == fresh and replaced != default
+    records = read_records(out / MODEL / "known_unknowns" / "dcs.jsonl")
+    assert len(records) == 6 and all(r["lw"] == pytest.approx(9.0) for r in records)
+
+
+def test_a_resume_in_another_dtype_is_refused(tmp_path):
+    import dcsjax
+
+    evaluate(tmp_path)
+    bf16 = dcsjax.load(MODEL, dtype="bfloat16")
+    with pytest.raises(ResultsError, match=r"model\.dtype: 'float32' -> 'bfloat16'"):
+        evaluate(tmp_path, scorer=bf16)
+
+
+def test_two_files_of_the_same_name_do_not_share_records(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = write_jsonl(tmp_path / "a" / "items.jsonl", ITEMS)
+    second = write_jsonl(tmp_path / "b" / "items.jsonl", [{**r, "answer": 1} for r in ITEMS])
+    out = tmp_path / "out"
+    assert values(evaluate(out, [first], ["mcqa"], limit=None))
+    with pytest.raises(ResultsError, match=r"task\.items: "):
+        evaluate(out, [second], ["mcqa"], limit=None)
+
+
+def test_over_long_and_non_utf8_items_are_error_records_while_the_rest_is_scored(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    long_item = {"id": "long", "question": "word " * 9000, "choices": ["yes", "no"], "answer": 0}
+    path.write_bytes((json.dumps(ITEMS[0]) + "\n" + json.dumps(long_item) + "\n").encode()
+                     + b'{"id": "latin1", "question": "caf\xe9?", "choices": ["a", "b"], "answer": 0}\n'
+                     + (json.dumps(ITEMS[1]) + "\n").encode())
+    summary = evaluate(tmp_path / "out", [f"jsonl:{path}"], ["dcs", "aps"], limit=None)
+    for r in summary["rows"]:
+        assert r["n"] == 2 and r["errors"] == 2 and r["value"] is not None
+    errors = read_errors(tmp_path / "out" / MODEL / "bad")
+    assert {"where": f"{path}:3", "error": "not UTF-8 (byte 0xe9 at column 34)"} in errors
+    long_errors = [e for e in errors if e["where"] == "long"]
+    assert [e["error"].split(":")[0] for e in long_errors] == ["dcs", "aps"]
+    assert all(re.search(r"has 9\d\d\d tokens; .* exceeds the 8192-token limit", e["error"]) for e in long_errors)
+
+
+def test_an_empty_file_gives_null_not_nan(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    summary = evaluate(tmp_path / "out", [f"jsonl:{empty}"], ["dcs", "apx"], limit=None)
+    assert [(r["n"], r["value"], r["ci95"]) for r in summary["rows"]] == [(0, None, [None, None])] * 2
+    text = (tmp_path / "out" / "summary.json").read_text()
+    assert "NaN" not in text and json.loads(text)["rows"][0]["value"] is None
+
+
+def test_summary_rows_merge_by_task_name_and_keep_other_protocols(tmp_path):
+    evaluate(tmp_path, protocols=("aps", "dcs"))
+    evaluate(tmp_path, tasks=("bigbench:known_unknowns",), protocols=("dcs",))  # the card's source names it too
+    evaluate(tmp_path, protocols=("dcs",))  # a second run into the same folder adds no record twice
+    rows = json.loads((tmp_path / "summary.json").read_text())["rows"]
+    assert sorted((r["task"], r["protocol"]) for r in rows) == [("known_unknowns", "aps"), ("known_unknowns", "dcs")]
+    lines = (tmp_path / MODEL / "known_unknowns" / "dcs.jsonl").read_text().splitlines()
+    assert len(lines) == 6 == len({json.loads(line)["id"] for line in lines})
+
+
+def test_report_skips_a_corrupt_line_and_leaves_the_file_unchanged(tmp_path):
+    out = tmp_path / "out"
+    evaluate(out, protocols=("dcs", "mcqa"), limit=8)  # no APS records: the report works on any protocols
+    path = out / MODEL / "known_unknowns" / "dcs.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[3] = lines[3][:20] + b"\n"
+    path.write_bytes(b"".join(lines))
+    before = path.read_bytes()
+    with pytest.warns(UserWarning, match=r"dcs.jsonl:4: skipped"):
+        summary = write_report([out], tmp_path / "report", n_boot=50)
+    assert path.read_bytes() == before
+    text = summary.read_text()
+    assert "1 broken line(s)" in text and f"{path}:4" in text
+    metrics = json.loads((tmp_path / "report" / "metrics.json").read_text())
+    assert {r["n"] for r in metrics if r["protocol"] == "dcs"} == {7}
+    assert not (tmp_path / "report" / "ppl.png").exists()
+
+
+def cli_error(capsys, *args) -> str:
+    """What `dcsjax ARGS` prints to stderr; it must exit with 2 (argparse's errors exit, ours return)."""
+    try:
+        code = main(list(args))
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2
+    return capsys.readouterr().err
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    out = ["--output", str(tmp_path / "out")]
+    assert "--limit: must be a whole number of items, at least 1, not '0'" in cli_error(capsys, "eval", "--limit", "0", *out)
+    assert "not '-3'" in cli_error(capsys, "eval", "--limit", "-3", *out)
+    assert "strictly between 0 and 1, not '1.5'" in cli_error(capsys, "eval", "--threshold", "1.5", *out)
+    assert "dcsjax: error: unknown protocol 'nope'; known: aps, mcqa" in \
+        cli_error(capsys, "eval", "--protocols", "dcs,nope", *out)
+    assert "a mesh is DATAxMODEL devices, two whole numbers such as '2x4', not 'banana'" in \
+        cli_error(capsys, "eval", "--mesh", "banana", "--limit", "1", *out)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert f"dcsjax: error: cannot write to {blocker}/out" in cli_error(capsys, "eval", "--output", str(blocker / "out"))
+    rows = tmp_path / "stmts.jsonl"
+    rows.write_text(json.dumps({"id": "x", "choices": ["a", "b"], "statements": ["A.", "B."]}) + "\n")
+    assert f"dcsjax: error: {rows}:1: not a statements row: missing field question" in \
+        cli_error(capsys, "statements", "validate", str(rows))
+    rows.write_bytes(b'{"id": "x", "question": "\xff"}\n')
+    assert f"{rows}:1: not a statements row: not UTF-8" in cli_error(capsys, "statements", "validate", str(rows))
+
+
+def test_api_argument_checks():
+    for kwargs, message in [({"limit": 0}, "limit must be"), ({"limit": -3}, "limit must be"),
+                            ({"threshold": 1.5}, "threshold must lie in"), ({"protocols": ["x"]}, "unknown protocol")]:
+        with pytest.raises(ConfigError, match=message):
+            run_eval(MODEL, ["known_unknowns"], kwargs.pop("protocols", ["dcs"]), "unused", **kwargs)
+
+
+def test_a_damaged_tokenizer_cache_is_rebuilt(tmp_path, monkeypatch):
+    import dcsjax
+    from dcsjax.fetch import fetch_model
+
+    path = fetch_model(MODEL)
+    monkeypatch.setenv("DCSJAX_CACHE", str(tmp_path))  # the tokenizer cache only; the model loads by path
+    text = "Question: Is it?\nAnswer: Yes"
+    first = dcsjax.load(path, document_start="<|endoftext|>")
+    (saved,) = (tmp_path / "tokenizers").iterdir()
+    (saved / "tokenizer.json").write_text('{"version": "1.0", "trunc')
+    with pytest.warns(UserWarning, match="cached tokenizer of SmolLM2-135M-Instruct.Q4_1.gguf is unusable"):
+        second = dcsjax.load(path, document_start="<|endoftext|>")
+    assert second.encode([text]) == first.encode([text]) == scorer_for(MODEL).encode([text])
+    assert second.tokenizer.chat_template == scorer_for(MODEL).tokenizer.chat_template
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # repaired: the next load reads it quietly
+        dcsjax.load(path, document_start="<|endoftext|>")

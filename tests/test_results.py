@@ -1,0 +1,144 @@
+"""The results layout (`dcsjax.results`) on its own, no model: readers that never write, the lock, the
+atomic merged summary, valid JSON always, fingerprints that name what differs."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dcsjax import results
+from dcsjax.results import ReadReport, ResultsError, ResultsWriter
+
+
+def strict_json(text: str):
+    """json.loads that refuses NaN and Infinity, as every JSON reader but Python's does."""
+    return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in a JSON file"))
+
+
+def test_reader_skips_broken_and_duplicate_lines_and_leaves_the_file_alone(tmp_path):
+    path = tmp_path / "dcs.jsonl"
+    lines = [json.dumps({"id": f"q{i}", "dcs": 0.1 * i}) for i in range(8)]
+    lines[2] = '{"id": "q2", "dcs": 0.'  # corrupted in the middle
+    lines.append(json.dumps({"id": "q5", "dcs": 9.9}))  # a second record of q5
+    data = ("\n".join(lines) + "\n").encode() + b'{"id": "q9"'  # and a last line cut short
+    path.write_bytes(data)
+    report = ReadReport()
+    with pytest.warns(UserWarning, match=r"dcs.jsonl:3: skipped"):
+        records = results.read_records(path, report)
+    assert [r["id"] for r in records] == ["q0", "q1", "q3", "q4", "q5", "q6", "q7"]
+    assert next(r for r in records if r["id"] == "q5")["dcs"] == 0.5  # the first record of an item counts
+    assert [b.split(": ")[0] for b in report.broken] == [f"{path}:3", f"{path}:10"]
+    assert report.duplicates == [f"{path}:9: q5"]
+    assert path.read_bytes() == data  # a reader never writes
+
+
+def test_only_the_writer_repairs_a_cut_last_line(tmp_path):
+    path = tmp_path / "aps.jsonl"
+    path.write_bytes(b'{"id": "a", "fingerprint": "f"}\n{"id": "b", "fin')
+    with ResultsWriter(tmp_path) as writer, pytest.warns(UserWarning, match="cut short"):
+        done = writer.resume(path, "f", {"x": 1})
+    assert [r["id"] for r in done] == ["a"]
+    assert path.read_bytes() == b'{"id": "a", "fingerprint": "f"}\n'
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from dcsjax.results import ResultsWriter
+        with ResultsWriter({str(tmp_path)!r}):
+            print("locked", flush=True)
+            sys.stdin.readline()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ResultsError, match=rf"results folder {tmp_path} is being written by process {holder.pid}"):
+            with ResultsWriter(tmp_path):
+                pass
+    finally:
+        holder.communicate("\n", timeout=60)
+    with ResultsWriter(tmp_path):  # released when the holder is done (or killed: the OS drops the lock)
+        pass
+
+
+def test_unwritable_output_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ResultsError, match=f"cannot write to {blocker}/out"):
+        with ResultsWriter(blocker / "out"):
+            pass
+
+
+def row(task, protocol, value, model="m"):
+    return {"model": model, "task": task, "protocol": protocol, "n": 3, "value": value, "ci95": [value, value]}
+
+
+def test_summary_merges_by_key_without_losing_or_duplicating_rows(tmp_path):
+    with ResultsWriter(tmp_path) as writer:
+        writer.update_summary([row("t1", "aps", 0.5), row("t1", "dcs", 0.1), row("t2", "aps", 0.7)])
+        summary = writer.update_summary([row("t1", "dcs", 0.2)])  # only one protocol rerun
+    rows = {(r["task"], r["protocol"]): r["value"] for r in summary["rows"]}
+    assert rows == {("t1", "aps"): 0.5, ("t1", "dcs"): 0.2, ("t2", "aps"): 0.7}
+    assert strict_json((tmp_path / "summary.json").read_text()) == summary
+
+
+def test_summary_is_valid_json_with_null_for_nan(tmp_path):
+    with ResultsWriter(tmp_path) as writer:
+        writer.update_summary([row("empty", "dcs", float("nan")) | {"ci95": [float("nan"), float("inf")]}])
+    summary = strict_json((tmp_path / "summary.json").read_text())
+    assert summary["rows"][0]["value"] is None and summary["rows"][0]["ci95"] == [None, None]
+
+
+def test_summary_write_is_atomic(tmp_path, monkeypatch):
+    with ResultsWriter(tmp_path) as writer:
+        writer.update_summary([row("t1", "aps", 0.5)])
+        before = (tmp_path / "summary.json").read_bytes()
+
+        def dies_halfway(obj, f, **kwargs):
+            f.write('{"rows": [{"model": "m", "ta')
+            raise KeyboardInterrupt  # as a kill would, halfway through the file
+
+        monkeypatch.setattr(results.json, "dump", dies_halfway)
+        with pytest.raises(KeyboardInterrupt):
+            writer.update_summary([row("t1", "aps", 0.9)])
+    assert (tmp_path / "summary.json").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "summary.json"]  # no temporary file left
+
+
+def test_a_summary_that_is_not_ours_is_named(tmp_path):
+    (tmp_path / "summary.json").write_text('{"rows": [')
+    with pytest.raises(ResultsError, match=f"{tmp_path}/summary.json: not a dcsjax summary"):
+        with ResultsWriter(tmp_path) as writer:
+            writer.update_summary([row("t", "aps", 0.1)])
+
+
+def test_stale_records_stop_the_run_naming_the_difference_or_move_aside(tmp_path):
+    path = tmp_path / "m" / "t" / "dcs.jsonl"
+    old = {"model": {"dtype": "float32"}, "settings": {"lc": 1.0, "lw": 1.0}}
+    new = {"model": {"dtype": "float32"}, "settings": {"lc": 1.0, "lw": 9.0}}
+    with ResultsWriter(tmp_path) as writer:
+        writer.resume(path, results.digest(old), old)
+        writer.append(path, [{"id": "q1", "dcs": 0.3, "fingerprint": results.digest(old)}])
+        with pytest.raises(ResultsError, match=r"1 record\(s\) made with other settings \(settings.lw: 1.0 -> 9.0\)"):
+            writer.resume(path, results.digest(new), new)
+        assert len(results.read_records(path)) == 1  # nothing lost
+    with ResultsWriter(tmp_path, replace_stale=True) as writer, pytest.warns(UserWarning, match="moved to dcs.jsonl.stale"):
+        assert writer.resume(path, results.digest(new), new) == []
+    assert not path.exists() and len(results.read_records(path.with_name("dcs.jsonl.stale"))) == 1
+
+
+def test_differences_name_nested_keys():
+    assert results.differences({"model": {"dtype": "float32", "sha256": "a"}, "lw": 1.0},
+                               {"model": {"dtype": "bfloat16", "sha256": "a"}, "lw": 1.0}) == \
+        ["model.dtype: 'float32' -> 'bfloat16'"]
+    assert results.digest({"a": 1, "b": 2}) == results.digest({"b": 2, "a": 1})
+
+
+def test_analysis_and_results_do_not_import_the_model_stack():
+    code = ("import sys, dcsjax.analysis.report, dcsjax.analysis.scaling, dcsjax.results; "
+            "print(sorted(m for m in ('flax', 'transformers', 'torch', 'dcsjax.loading') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"}).stdout
+    assert out.strip() == "[]"
