@@ -20,6 +20,7 @@ from flax import nnx
 
 from dcsjax.errors import InputError
 from dcsjax.kernels.packing import bucket_for
+from dcsjax.nn.decoder import softcap
 
 
 def sample_token(logits: jax.Array, key: jax.Array, temperature: float, top_p: float) -> jax.Array:
@@ -61,7 +62,8 @@ def _decode(graphdef, state, tokens, lengths, keys, max_new: int, temperature: f
     out_embed = model.output_embedding
 
     def next_token(h, step):
-        logits = jnp.einsum("bd,vd->bv", h, out_embed, preferred_element_type=jnp.float32)
+        logits = softcap(jnp.einsum("bd,vd->bv", h, out_embed, preferred_element_type=jnp.float32),
+                         model.config.final_softcap)
         step_keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(keys)
         return jax.vmap(lambda z, k: sample_token(z, k, temperature, top_p))(logits, step_keys)
 

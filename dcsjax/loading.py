@@ -29,9 +29,8 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
     has no card (a card names it).
     mesh: "2x4" (data x model devices), a jax Mesh, or None: parameters load straight into their shards.
     """
-    from dcsjax.sharding import make_mesh
-
     from dcsjax.fetch import fetch_model
+    from dcsjax.sharding import make_mesh
 
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")

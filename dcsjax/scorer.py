@@ -28,9 +28,10 @@ def _batch_logprobs(graphdef, vocab_chunk: int, mesh, state, tokens, positions, 
     On a mesh, the parameters and rows arrive sharded and the vocabulary is scanned shard by shard."""
     model = nnx.merge(graphdef, state)
     hidden = model(tokens, positions, segment_ids, attend_to)  # [B, T, D]
+    cap = model.config.final_softcap
     if mesh is not None:
-        return sharded_token_logprobs(hidden, model.output_embedding, targets, mesh, vocab_chunk)
-    return token_logprobs(hidden, model.output_embedding, targets, vocab_chunk)
+        return sharded_token_logprobs(hidden, model.output_embedding, targets, mesh, vocab_chunk, cap)
+    return token_logprobs(hidden, model.output_embedding, targets, vocab_chunk, cap)
 
 
 @dataclass

@@ -31,7 +31,7 @@ def test_gguf_config_has_the_facts_and_matches_transformers_config(model_name):
     config = scorer.config
     for key, value in FACTS[model_name].items():
         assert getattr(config, key) == value, key
-    if config.is_gemma:  # a full-attention layer every sixth
+    if config.architecture == "gemma3":  # a full-attention layer every sixth
         assert [i for i, local in enumerate(config.layer_is_local) if not local] == [5, 11, 17]
     assert config_from_hf(hf_config_dict(model_name)) == config
     assert param_count(scorer.model) == scorer.card.parameters

@@ -140,7 +140,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "strictly between 0 and 1, not '1.5'" in cli_error(capsys, "eval", "--threshold", "1.5", *out)
     assert "dcsjax: error: unknown protocol 'nope'; known: aps, mcqa" in \
         cli_error(capsys, "eval", "--protocols", "dcs,nope", *out)
-    assert "a mesh is DATAxMODEL devices, two whole numbers such as '2x4', not 'banana'" in \
+    assert "a mesh is data x model devices, two whole numbers such as '2x4', not 'banana'" in \
         cli_error(capsys, "eval", "--mesh", "banana", "--limit", "1", *out)
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -34,14 +34,18 @@ def mixed_texts(n: int = 100) -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def brute_force(name: str) -> list[float]:
-    scorer = scorer_for(name)
+    return brute_force_scores(scorer_for(name))
+
+
+def brute_force_scores(scorer) -> list[float]:
+    """Every text of `mixed_texts()` alone in a [1, ROW] row, one at a time: summed float32 log-probs."""
     graphdef, state = nnx.split(scorer.model)
 
     @jax.jit
     def one_row(state, tokens, targets):  # [1, ROW] each
         model = nnx.merge(graphdef, state)
         hidden = model(tokens, jnp.arange(ROW)[None], jnp.ones_like(tokens))
-        return token_logprobs(hidden, model.output_embedding, targets)
+        return token_logprobs(hidden, model.output_embedding, targets, cap=model.config.final_softcap)
 
     sums = []
     for ids in scorer.encode(mixed_texts()):
@@ -73,13 +77,13 @@ def test_scores_equal_brute_force_gemma3(batch_size, pack, buckets):
     check("gemma3-270m", batch_size, pack, buckets)
 
 
-def check(name, batch_size, pack, buckets):
-    base = scorer_for(name)
+def check(name, batch_size, pack, buckets, base=None, reference=None):
+    base = base or scorer_for(name)
     scorer = Scorer(base.model, base.tokenizer, base.document_start_id, batch_size=batch_size, pack=pack,
                     buckets=buckets)
     texts = mixed_texts()
     ours = scorer.score(texts)
-    ref = np.array(brute_force(name))
+    ref = np.array(reference if reference is not None else brute_force(name))
     gap = np.abs(ours - ref).max()
     print(f"{name} batch={batch_size} pack={pack} buckets={buckets}: max |score - brute force| = {gap:.2e}")
     assert gap == 0  # bit for bit: same float32 log-probs, summed in the same order (float64)

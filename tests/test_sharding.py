@@ -61,9 +61,11 @@ def test_rules_replicate_what_the_mesh_does_not_divide():
 
     assert RULES["vocab"] == "model" and RULES["batch"] == "data"
     assert tuple(partition_spec(("vocab", "embed"), (49152, 576), FakeMesh())) == ("model", None)
-    # SmolLM2's 9 query heads do not split over 4 devices: replicated; its MLP width (1536) does
+    # SmolLM2's 9 query heads do not split over 4 devices: their head size (64) does; its MLP width (1536) too
     assert tuple(partition_spec(("layers", "embed", "heads", "head_dim"), (30, 576, 9, 64), FakeMesh())) == (
-        None, None, None, None)
+        None, None, None, "model")
+    assert tuple(partition_spec(("layers", "embed", "heads", "head_dim"), (30, 576, 9, 66), FakeMesh())) == (
+        None, None, None, None)  # nothing divides: replicated
     assert tuple(partition_spec(("layers", "embed", "mlp"), (30, 576, 1536), FakeMesh())) == (None, None, "model")
 
 

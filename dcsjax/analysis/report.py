@@ -19,7 +19,6 @@ import numpy as np
 
 from dcsjax.analysis.scaling import bootstrap_band, break_even, fit_curves
 from dcsjax.evaluate import headline_values
-from dcsjax.results import ReadReport, read_records, result_files
 from dcsjax.metrics import (
     DEFAULT_THRESHOLDS,
     Distributions,
@@ -33,6 +32,7 @@ from dcsjax.metrics import (
     risk_coverage,
     ternary_score,
 )
+from dcsjax.results import ReadReport, read_records, result_files
 
 DCS_PROTOCOLS = ("dcs", "dcs-letters")
 TERNARY_T = 0.75

@@ -21,33 +21,42 @@ from dcsjax.nn.decoder import Decoder, layer_param_shapes
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
-def _layer_table(c: DecoderConfig) -> dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]]:
-    """HF per-layer name -> (our parameter, transform from torch's (out, in) layout to ours)."""
-    d, h, n, k = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+def _layer_table(c: DecoderConfig) -> dict[str, list[tuple[str, Callable[[np.ndarray], np.ndarray]]]]:
+    """HF per-layer name -> [(our parameter, transform from torch's (out, in) layout to ours)]: one entry,
+    or several for a fused tensor (Phi-3's qkv_proj and gate_up_proj)."""
+    d, h, n, k, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.mlp_size
     same = lambda w: w  # noqa: E731
     table = {
-        "input_layernorm.weight": ("attn_norm", same),
-        "self_attn.q_proj.weight": ("q", lambda w: w.T.reshape(d, h, k)),
-        "self_attn.k_proj.weight": ("k", lambda w: w.T.reshape(d, n, k)),
-        "self_attn.v_proj.weight": ("v", lambda w: w.T.reshape(d, n, k)),
-        "self_attn.q_proj.bias": ("q_bias", lambda w: w.reshape(h, k)),
-        "self_attn.k_proj.bias": ("k_bias", lambda w: w.reshape(n, k)),
-        "self_attn.v_proj.bias": ("v_bias", lambda w: w.reshape(n, k)),
-        "self_attn.o_proj.weight": ("o", lambda w: w.T.reshape(h, k, d)),
-        "mlp.gate_proj.weight": ("gate", lambda w: w.T),
-        "mlp.up_proj.weight": ("up", lambda w: w.T),
-        "mlp.down_proj.weight": ("down", lambda w: w.T),
+        "self_attn.q_proj.weight": [("q", lambda w: w.T.reshape(d, h, k))],
+        "self_attn.k_proj.weight": [("k", lambda w: w.T.reshape(d, n, k))],
+        "self_attn.v_proj.weight": [("v", lambda w: w.T.reshape(d, n, k))],
+        "self_attn.q_proj.bias": [("q_bias", lambda w: w.reshape(h, k))],
+        "self_attn.k_proj.bias": [("k_bias", lambda w: w.reshape(n, k))],
+        "self_attn.v_proj.bias": [("v_bias", lambda w: w.reshape(n, k))],
+        "self_attn.o_proj.weight": [("o", lambda w: w.T.reshape(h, k, d))],
+        "mlp.gate_proj.weight": [("gate", lambda w: w.T)],
+        "mlp.up_proj.weight": [("up", lambda w: w.T)],
+        "mlp.down_proj.weight": [("down", lambda w: w.T)],
+        # Phi-3: q, k and v stacked in one projection, gate and up in another
+        "self_attn.qkv_proj.weight": [("q", lambda w: w[:h * k].T.reshape(d, h, k)),
+                                      ("k", lambda w: w[h * k:(h + n) * k].T.reshape(d, n, k)),
+                                      ("v", lambda w: w[(h + n) * k:].T.reshape(d, n, k))],
+        "mlp.gate_up_proj.weight": [("gate", lambda w: w[:f].T), ("up", lambda w: w[f:].T)],
+        "self_attn.q_norm.weight": [("q_norm", lambda w: w.reshape(h, k) if c.qk_norm == "projection" else w)],
+        "self_attn.k_norm.weight": [("k_norm", lambda w: w.reshape(n, k) if c.qk_norm == "projection" else w)],
     }
-    if c.is_gemma:
-        table |= {
-            "post_attention_layernorm.weight": ("post_attn_norm", same),
-            "pre_feedforward_layernorm.weight": ("mlp_norm", same),
-            "post_feedforward_layernorm.weight": ("post_mlp_norm", same),
-            "self_attn.q_norm.weight": ("q_norm", same),
-            "self_attn.k_norm.weight": ("k_norm", same),
-        }
-    else:
-        table["post_attention_layernorm.weight"] = ("mlp_norm", same)
+    # The same HF name means a different norm in each placement.
+    if c.norms == "pre":
+        table |= {"input_layernorm.weight": [("attn_norm", same)],
+                  "post_attention_layernorm.weight": [("mlp_norm", same)]}
+    elif c.norms == "pre+post":
+        table |= {"input_layernorm.weight": [("attn_norm", same)],
+                  "post_attention_layernorm.weight": [("post_attn_norm", same)],
+                  "pre_feedforward_layernorm.weight": [("mlp_norm", same)],
+                  "post_feedforward_layernorm.weight": [("post_mlp_norm", same)]}
+    else:  # "post" (OLMo-2)
+        table |= {"post_attention_layernorm.weight": [("post_attn_norm", same)],
+                  "post_feedforward_layernorm.weight": [("post_mlp_norm", same)]}
     return table
 
 
@@ -66,13 +75,15 @@ def build_decoder(c: DecoderConfig, tensors: Iterable[tuple[str, np.ndarray]], s
         match = _LAYER.match(hf_name)
         if match:
             layer, rest = int(match.group(1)), match.group(2)
-            if rest not in table or table[rest][0] not in stacked or layer >= c.num_layers:
+            if rest not in table or any(name not in stacked for name, _ in table[rest]) or layer >= c.num_layers:
                 raise CheckpointError(f"{source}: tensor {hf_name} does not fit the {c.architecture} config")
-            name, transform = table[rest]
-            value = transform(w)
-            _check_shape(source, hf_name, value.shape, stacked[name].shape[1:])
-            stacked[name][layer] = value
-            filled[name][layer] = True
+            for name, transform in table[rest]:
+                value = transform(w)
+                _check_shape(source, hf_name, value.shape, stacked[name].shape[1:])
+                if filled[name][layer]:
+                    raise CheckpointError(f"{source}: tensor {hf_name} fills layer {layer} {name} a second time")
+                stacked[name][layer] = value
+                filled[name][layer] = True
         elif hf_name == "model.embed_tokens.weight":
             top["embed"] = w
         elif hf_name == "model.norm.weight":

@@ -31,7 +31,11 @@ def hf_config_dict(c: DecoderConfig) -> dict[str, Any]:
         "max_position_embeddings": c.max_context, "tie_word_embeddings": c.tie_embeddings,
         "attention_bias": c.qkv_bias, "torch_dtype": "float32",
     }
-    if c.is_gemma:
+    if c.architecture not in ("llama", "gemma3"):
+        from dcsjax.errors import ConfigError
+
+        raise ConfigError(f"writing a {c.architecture} model as an HF directory is not implemented (llama, gemma3)")
+    if c.architecture == "gemma3":
         return common | {
             "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"],
             "hidden_activation": "gelu_pytorch_tanh", "sliding_window": c.sliding_window,
@@ -60,7 +64,7 @@ def _to_hf_layout(c: DecoderConfig, name: str, value: np.ndarray) -> np.ndarray:
 def hf_named_tensors(model) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, float32 array) for every parameter of a `Decoder`."""
     c = model.config
-    hf_name = {ours: hf for hf, (ours, _) in _layer_table(c).items()}
+    hf_name = {entries[0][0]: hf for hf, entries in _layer_table(c).items() if len(entries) == 1}  # unfused names
     yield "model.embed_tokens.weight", np.asarray(model.embed[...], np.float32)
     yield "model.norm.weight", np.asarray(model.final_norm[...], np.float32)
     if not c.tie_embeddings:

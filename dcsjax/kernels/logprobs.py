@@ -10,23 +10,25 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from dcsjax.nn.decoder import row_sum
+from dcsjax.nn.decoder import row_sum, softcap
 
 F32 = jnp.float32
 
 
-def token_logprobs(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, chunk: int = 8192) -> jax.Array:
+def token_logprobs(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, chunk: int = 8192,
+                   cap: float | None = None) -> jax.Array:
     """log p(targets | hidden): hidden [B, T, D], out_embed [V, D], targets [B, T] int -> [B, T] float32.
+    cap: the logits' soft-cap (Gemma 2), applied to every logit before the softmax.
 
     The target's logit is picked out of the same chunk of logits that feeds the log-normaliser, so the
     two share their rounding: a confident prediction (target logit ~ logsumexp) then loses nothing.
     """
-    running_max, running_sum, target_logit = vocab_scan(hidden, out_embed, targets, 0, out_embed.shape[0], chunk)
+    running_max, running_sum, target_logit = vocab_scan(hidden, out_embed, targets, 0, out_embed.shape[0], chunk, cap)
     return target_logit - (running_max + jnp.log(running_sum))
 
 
 def vocab_scan(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, first_id, vocab_size: int,
-               chunk: int = 8192) -> tuple[jax.Array, jax.Array, jax.Array]:
+               chunk: int = 8192, cap: float | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Over the rows first_id .. first_id + len(out_embed) of the vocabulary: [B, T] running max, sum of
     exp(logit - max), and the target's logit (0 where the target lies outside these rows). Rows at or past
     `vocab_size` (padding) are masked."""
@@ -45,7 +47,7 @@ def vocab_scan(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, firs
     def step(carry, xs):
         running_max, running_sum, target_logit = carry  # [B, T] each
         w_c, local_first = xs
-        logits = jnp.einsum("btd,vd->btv", h, w_c.astype(common), preferred_element_type=F32)  # [B, T, chunk]
+        logits = softcap(jnp.einsum("btd,vd->btv", h, w_c.astype(common), preferred_element_type=F32), cap)  # [B, T, chunk]
         local_ids = local_first + jnp.arange(chunk)  # [chunk] rows of this slice
         vocab_ids = first_id + local_ids
         # Rows padded onto this slice's last chunk, and rows past the vocabulary, are no tokens (on a
@@ -63,7 +65,7 @@ def vocab_scan(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, firs
 
 
 def sharded_token_logprobs(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, mesh,
-                           chunk: int = 8192) -> jax.Array:
+                           chunk: int = 8192, cap: float | None = None) -> jax.Array:
     """`token_logprobs` with the vocabulary split over the mesh's `model` axis and rows over `data`.
 
     Each device scans only its own rows of the output matrix; the log-normaliser is combined from the
@@ -80,7 +82,7 @@ def sharded_token_logprobs(hidden: jax.Array, out_embed: jax.Array, targets: jax
 
     def local(h, w, t):
         first = jax.lax.axis_index("model") * per_device
-        part_max, part_sum, part_target = vocab_scan(h, w, t, first, v, chunk)
+        part_max, part_sum, part_target = vocab_scan(h, w, t, first, v, chunk, cap)
         top = jax.lax.pmax(part_max, "model")
         total = jax.lax.psum(part_sum * jnp.exp(part_max - top), "model")
         return jax.lax.psum(part_target, "model") - (top + jnp.log(total))

@@ -13,12 +13,16 @@ from typing import Any, Mapping
 
 from dcsjax.errors import ConfigError
 
-ARCHITECTURES = ("llama", "gemma3")
+# Families whose HF configs map onto the one decoder; GGUF files are read for the first two.
+ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3", "mistral", "olmo2", "gemma2", "phi3", "smollm3")
+NORM_PLACEMENTS = ("pre", "pre+post", "post")
+QK_NORMS = (None, "head", "projection")
 
 
 @dataclass(frozen=True)
 class DecoderConfig:
-    architecture: str  # "llama" (SmolLM2, Llama 3, Qwen2, Mistral) or "gemma3"
+    """Every way the families differ is a named field here; the decoder reads the fields, never the family."""
+    architecture: str  # the family, for messages and tensor tables (see ARCHITECTURES)
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -31,39 +35,37 @@ class DecoderConfig:
     max_context: int
     tie_embeddings: bool = True
     qkv_bias: bool = False
-    # Gemma 3: local layers attend to the last `sliding_window` keys with their own RoPE base.
+    # Local layers attend to the last `sliding_window` keys, with their own RoPE base (Gemma 2/3, Qwen2/3
+    # with use_sliding_window, Mistral v0.1).
     sliding_window: int | None = None
     local_rope_base: float | None = None
     layer_is_local: tuple[bool, ...] = field(default=())
     query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power; default head_dim
+    activation: str = "silu"  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    norm_offset: float = 0.0  # RMSNorm scales by (norm_offset + w): Gemma's is 1
+    embed_scale: float = 1.0  # the embeddings are multiplied by it: Gemma's sqrt(hidden_size)
+    norms: str = "pre"  # "pre" (Llama), "pre+post" (Gemma 2/3: around attention and MLP), "post" (OLMo-2)
+    qk_norm: str | None = None  # RMSNorm of queries and keys: per "head" (Gemma 3, Qwen3), whole "projection" (OLMo-2)
+    attn_softcap: float | None = None  # Gemma 2: scores -> cap * tanh(scores / cap)
+    final_softcap: float | None = None  # Gemma 2: logits -> cap * tanh(logits / cap)
+    # Llama 3.x RoPE scaling: (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
+    rope_llama3: tuple[float, float, float, int] | None = None
+    layer_uses_rope: tuple[bool, ...] = field(default=())  # () = every layer; SmolLM3 has NoPE layers
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
             raise ConfigError(f"architecture {self.architecture!r} is not one of {ARCHITECTURES}")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"{self.num_heads} heads do not split into {self.num_kv_heads} KV groups")
-        if self.layer_is_local and len(self.layer_is_local) != self.num_layers:
-            raise ConfigError("layer_is_local must name every layer")
+        for name in ("layer_is_local", "layer_uses_rope"):
+            if getattr(self, name) and len(getattr(self, name)) != self.num_layers:
+                raise ConfigError(f"{name} must name every layer")
         if any(self.layer_is_local) and (self.sliding_window is None or self.local_rope_base is None):
             raise ConfigError("local layers need sliding_window and local_rope_base")
-
-    # Family traits, derived so that they have one source of truth: the architecture.
-    @property
-    def is_gemma(self) -> bool:
-        return self.architecture == "gemma3"
-
-    @property
-    def norm_offset(self) -> float:
-        """Gemma's RMSNorm scales by (1 + w); Llama's by w."""
-        return 1.0 if self.is_gemma else 0.0
-
-    @property
-    def embed_scale(self) -> float:
-        return math.sqrt(self.hidden_size) if self.is_gemma else 1.0
-
-    @property
-    def activation(self) -> str:
-        return "gelu_tanh" if self.is_gemma else "silu"
+        if self.norms not in NORM_PLACEMENTS or self.qk_norm not in QK_NORMS:
+            raise ConfigError(f"norms must be one of {NORM_PLACEMENTS} and qk_norm one of {QK_NORMS}")
+        if self.activation not in ("silu", "gelu_tanh"):
+            raise ConfigError(f"activation {self.activation!r} is not implemented")
 
     @property
     def attn_scale(self) -> float:
@@ -72,6 +74,10 @@ class DecoderConfig:
     @property
     def local_layers(self) -> tuple[bool, ...]:
         return self.layer_is_local or (False,) * self.num_layers
+
+    @property
+    def rope_layers(self) -> tuple[bool, ...]:
+        return self.layer_uses_rope or (True,) * self.num_layers
 
     def flops_per_token(self, mean_context: float) -> float:
         """Forward FLOPs of one token: 2 x the matmul parameters (output head included) + the attention
@@ -95,12 +101,15 @@ _GGUF_KEYS = {
 }
 _GEMMA3_LOCAL_ROPE_BASE = 10_000.0  # not stored in the GGUF; transformers' Gemma 3 default
 _GEMMA3_GLOBAL_EVERY = 6  # every sixth layer attends globally (transformers' sliding_window_pattern)
+_GGUF_ARCHITECTURES = ("llama", "gemma3")
+GEMMA_TRAITS = dict(activation="gelu_tanh", norm_offset=1.0)  # GeGLU, RMSNorm by (1 + w)
 
 
 def config_from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "GGUF") -> DecoderConfig:
     arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise ConfigError(f"{source}: architecture {arch!r} is not supported (supported: {ARCHITECTURES})")
+    if arch not in _GGUF_ARCHITECTURES:
+        raise ConfigError(f"{source}: GGUF architecture {arch!r} is not supported (supported: {_GGUF_ARCHITECTURES}; "
+                          "the other families load from HF directories)")
     prefix = arch + "."
     unknown = sorted(k[len(prefix):] for k in meta if k.startswith(prefix) and k[len(prefix):] not in _GGUF_KEYS)
     if unknown:
@@ -131,33 +140,45 @@ def config_from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "GG
             **common, sliding_window=int(get("attention.sliding_window")),
             local_rope_base=_GEMMA3_LOCAL_ROPE_BASE, query_pre_attn_scalar=float(head_dim),
             layer_is_local=tuple((i + 1) % _GEMMA3_GLOBAL_EVERY != 0 for i in range(n_layers)),
+            **GEMMA_TRAITS, embed_scale=math.sqrt(hidden), qk_norm="head", norms="pre+post",
         )
     return DecoderConfig(**common)
+
 
 
 # --------------------------------------------------------------------------------------------------
 # HF config.json
 # --------------------------------------------------------------------------------------------------
 
-_HF_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gemma3_text": "gemma3"}
+# HF model_type -> family. Each family's differences are set in `config_from_hf` as DecoderConfig fields.
+_HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "olmo2": "olmo2",
+                   "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "smollm3": "smollm3"}
 # Keys that describe bookkeeping, tokens or training, not the forward pass.
 _INERT_HF_KEYS = {
     "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "bos_token_id",
     "eos_token_id", "pad_token_id", "unk_token_id", "initializer_range", "use_cache", "attention_dropout",
     "pretraining_tp", "_name_or_path", "_model_name_or_path", "tokenizer_class", "is_llama_config",
-    "use_sliding_window", "max_window_layers", "quantization_config",
+    "max_window_layers", "quantization_config", "resid_pdrop", "embd_pdrop", "dropout",
     "use_bidirectional_attention", "_sliding_window_pattern", "sliding_window_pattern", "cache_implementation",
     "id2label", "label2id", "output_attentions", "output_hidden_states", "return_dict", "problem_type",
     "chunk_size_feed_forward",  # a memory setting of torch's feed-forward; results do not change
+    "tie_encoder_decoder", "torchscript", "output_scores", "return_dict_in_generate",
 }
+_QK_NORM = {"gemma3": "head", "qwen3": "head", "olmo2": "projection"}
+_NORMS = {"gemma2": "pre+post", "gemma3": "pre+post", "olmo2": "post"}
+_WHOLE_MODEL_WINDOW = ("mistral", "phi3")  # a sliding_window there applies to every layer
+_WINDOW_IF_ASKED = ("qwen2", "qwen3", "smollm3")  # only with use_sliding_window, on the layers layer_types names
 
 
 def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> DecoderConfig:
+    """A config from an HF config.json, in transformers 4's spelling (rope_scaling, rope_theta) or 5's
+    (rope_parameters). Every key is either used, known to be inert, or raises naming it."""
     cfg = dict(cfg)
     model_type = cfg.get("model_type")
     if model_type not in _HF_MODEL_TYPES:
         raise ConfigError(f"{source}: model_type {model_type!r} is not supported ({sorted(_HF_MODEL_TYPES)})")
     arch = _HF_MODEL_TYPES[model_type]
+    gemma = arch in ("gemma2", "gemma3")
     taken: set[str] = set()
 
     def take(key: str, default: Any = ...) -> Any:
@@ -168,44 +189,67 @@ def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> Decod
             raise ConfigError(f"{source}: {key} is missing")
         return default
 
-    def must_be(key: str, allowed: tuple) -> None:
+    def must_be(key: str, allowed: tuple) -> Any:
         value = take(key, None)
         if value not in allowed:
             raise ConfigError(f"{source}: {key}={value!r} is not implemented (only {allowed})")
+        return value
 
     hidden, heads = int(take("hidden_size")), int(take("num_attention_heads"))
     head_dim = int(take("head_dim", hidden // heads))
     vocab, kv_heads = int(take("vocab_size")), int(take("num_key_value_heads", heads))
-    rope_base, local_base = _hf_rope(take, must_be, arch, source)
-    must_be("hidden_act", (None, "silu") if arch == "llama" else (None,))
-    must_be("hidden_activation", (None,) if arch == "llama" else ("gelu_pytorch_tanh",))
-    must_be("mlp_bias", (None, False))
-    must_be("attn_logit_softcapping", (None,))
-    must_be("final_logit_softcapping", (None,))
-    qkv_bias = bool(take("attention_bias", model_type == "qwen2"))
     n_layers = int(take("num_hidden_layers"))
-    sliding, layer_is_local = None, ()
-    if arch == "gemma3":
-        types = take("layer_types", None)
-        if types is None:
-            types = ["full_attention" if (i + 1) % _GEMMA3_GLOBAL_EVERY == 0 else "sliding_attention"
-                     for i in range(n_layers)]
-        layer_is_local = tuple(t == "sliding_attention" for t in types)
-        sliding = int(take("sliding_window"))
+    rope_base, local_base, llama3 = _hf_rope(take, arch, source)
+    act = ("gelu_pytorch_tanh",) if gemma else ("silu",)
+    must_be("hidden_act", (None, *act))
+    must_be("hidden_activation", (None, *act) if gemma else (None,))
+    must_be("mlp_bias", (None, False))
+    caps = ((None, take("attn_logit_softcapping", None)), (None, take("final_logit_softcapping", None)))
+    if arch != "gemma2":
+        must_be("attn_logit_softcapping", (None,))
+        must_be("final_logit_softcapping", (None,))
+    if arch == "qwen2":
+        take("attention_bias", None)  # Qwen2 always has q/k/v biases (and none on the output)
     else:
-        # Mistral/Qwen2 store a window they do not use unless use_sliding_window is set.
-        window = take("sliding_window", None)
-        if cfg.get("use_sliding_window") or (model_type == "mistral" and window is not None):
-            raise ConfigError(f"{source}: sliding-window attention for {model_type} is not implemented")
+        must_be("attention_bias", (None, False))
+    must_be("partial_rotary_factor", (None, 1.0, 1))
     must_be("is_encoder_decoder", (None, False))
+    if arch == "phi3":  # only read by long-context RoPE scaling, which raises in _hf_rope
+        take("original_max_position_embeddings", None)
+
+    types = take("layer_types", None)
+    window = take("sliding_window", None)
+    use_window = bool(take("use_sliding_window", False))
+    local: tuple[bool, ...] = ()
+    if gemma:
+        every = _GEMMA3_GLOBAL_EVERY if arch == "gemma3" else 2
+        types = types or ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(n_layers)]
+        local = tuple(t == "sliding_attention" for t in types)
+    elif arch in _WINDOW_IF_ASKED and use_window and window is not None:
+        local = tuple(t == "sliding_attention" for t in types) if types else (True,) * n_layers
+    elif arch in _WHOLE_MODEL_WINDOW and window is not None:
+        local = (True,) * n_layers
+    if types is not None and len(types) != n_layers or set(types or ()) - {"sliding_attention", "full_attention"}:
+        raise ConfigError(f"{source}: layer_types={types!r} is not implemented")
+    if any(local):
+        local_base = local_base if arch == "gemma3" else rope_base
+    uses_rope: tuple[bool, ...] = ()
+    if arch == "smollm3":
+        interval = int(take("no_rope_layer_interval", 4))
+        flags = take("no_rope_layers", None) or [int((i + 1) % interval != 0) for i in range(n_layers)]
+        uses_rope = tuple(bool(f) for f in flags[:n_layers])
     config = DecoderConfig(
         architecture=arch, vocab_size=vocab, hidden_size=hidden, num_layers=n_layers,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         mlp_size=int(take("intermediate_size")), rms_eps=float(take("rms_norm_eps")), rope_base=rope_base,
         max_context=int(take("max_position_embeddings")), tie_embeddings=bool(take("tie_word_embeddings", True)),
-        qkv_bias=qkv_bias, sliding_window=sliding, local_rope_base=local_base if arch == "gemma3" else None,
-        layer_is_local=layer_is_local,
-        query_pre_attn_scalar=float(take("query_pre_attn_scalar", head_dim)) if arch == "gemma3" else None,
+        qkv_bias=arch == "qwen2", sliding_window=int(window) if any(local) else None,
+        local_rope_base=local_base if any(local) else None, layer_is_local=local if any(local) else (),
+        query_pre_attn_scalar=float(take("query_pre_attn_scalar", head_dim)) if gemma else None,
+        **(GEMMA_TRAITS if gemma else {}), embed_scale=math.sqrt(hidden) if gemma else 1.0,
+        norms=_NORMS.get(arch, "pre"), qk_norm=_QK_NORM.get(arch),
+        attn_softcap=caps[0][1], final_softcap=caps[1][1], rope_llama3=llama3,
+        layer_uses_rope=uses_rope if not all(uses_rope) else (),
     )
     unknown = sorted(set(cfg) - taken - _INERT_HF_KEYS)
     if unknown:
@@ -213,21 +257,30 @@ def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> Decod
     return config
 
 
-def _hf_rope(take, must_be, arch: str, source: str) -> tuple[float, float]:
-    """(global base, local base). Only plain RoPE is implemented; any scaling raises."""
+def _hf_rope(take, arch: str, source: str) -> tuple[float, float, tuple | None]:
+    """(global base, local base, Llama 3 scaling or None), from transformers 4's `rope_theta` +
+    `rope_scaling` or 5's `rope_parameters` (per layer type for Gemma 3). Other scalings raise."""
     params = take("rope_parameters", None)
     scaling = take("rope_scaling", None)
-    if scaling is not None:
-        raise ConfigError(f"{source}: rope_scaling={scaling!r} is not implemented")
     base = float(take("rope_theta", 10_000.0))
-    local = float(take("rope_local_base_freq", _GEMMA3_LOCAL_ROPE_BASE))
-    if params is None:
-        return base, local
-    # transformers >= 5 nests RoPE settings, per layer type for Gemma 3.
-    per_type = params if "rope_type" not in params else {"full_attention": params, "sliding_attention": params}
+    local = float(take("rope_local_base_freq", _GEMMA3_LOCAL_ROPE_BASE if arch == "gemma3" else base))
+    if params is not None and "rope_type" in params:  # one setting for the model; local layers take its base
+        per_type = {"full_attention": params}
+    else:
+        per_type = dict(params or {})
+    if scaling is not None:  # transformers 4: one scaling for the whole model
+        per_type = {"full_attention": {**scaling, "rope_theta": base}, **(
+            {"sliding_attention": per_type["sliding_attention"]} if "sliding_attention" in per_type else {})}
+    llama3 = None
     for kind, p in per_type.items():
-        if p.get("rope_type", "default") != "default" or set(p) - {"rope_type", "rope_theta"}:
-            raise ConfigError(f"{source}: rope_parameters[{kind!r}]={p!r} is not implemented")
+        rope_type = p.get("rope_type", p.get("type", "default"))
+        keys = set(p) - {"rope_type", "type", "rope_theta"}
+        if rope_type == "llama3" and kind == "full_attention" and keys == {
+                "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}:
+            llama3 = (float(p["factor"]), float(p["low_freq_factor"]), float(p["high_freq_factor"]),
+                      int(p["original_max_position_embeddings"]))
+        elif rope_type != "default" or keys - {"partial_rotary_factor"} or p.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ConfigError(f"{source}: rope_scaling / rope_parameters ({kind}) {p!r} is not implemented")
     base = float(per_type.get("full_attention", {}).get("rope_theta", base))
     local = float(per_type.get("sliding_attention", {}).get("rope_theta", local))
-    return base, local
+    return base, local, llama3

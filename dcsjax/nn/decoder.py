@@ -1,10 +1,11 @@
-"""One Flax NNX decoder for the Llama family and Gemma 3.
+"""One Flax NNX decoder for every family dcsjax loads (Llama 2/3, Mistral, Qwen2/2.5/3, OLMo-2, Gemma 2/3,
+Phi-3/4, SmolLM2/3).
 
-The two families differ in a handful of traits that `DecoderConfig` derives from the architecture:
-Gemma 3 scales embeddings by sqrt(d), normalises with (1 + w), norms queries and keys, wraps both the
-attention and the MLP in pre- and post-norms, uses GeGLU instead of SwiGLU, and alternates sliding-window
-local layers (own RoPE base) with global ones. Writing them as switches on one block keeps attention,
-RoPE and masking in one place instead of two near-copies.
+The families differ in a handful of traits, each a named field of `DecoderConfig`: embedding scale, RMSNorm
+offset (1 + w), where the norms sit (pre, pre+post, post), q/k norms per head or over the projection, biases,
+GeGLU or SwiGLU, soft-capped scores and logits, Llama 3 RoPE scaling, layers without RoPE, and sliding-window
+local layers (own RoPE base). Writing them as switches on one block keeps attention, RoPE and masking in
+one place instead of a near-copy per family.
 
 Parameters are stacked over layers (leading axis `layers`) and the blocks run under `lax.scan`, so compile
 time does not grow with depth. Every parameter carries logical axis names (`axes` metadata) for sharding.
@@ -15,10 +16,12 @@ F MLP width, V vocabulary, L layers.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from dcsjax.nn.config import DecoderConfig
@@ -30,12 +33,10 @@ MASKED = -1e30  # finite, so a fully masked (padding) row softmaxes to uniform i
 def layer_param_shapes(c: DecoderConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
     d, h, n, k, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.mlp_size
     shapes = {
-        "attn_norm": ((d,), ("embed",)),
         "q": ((d, h, k), ("embed", "heads", "head_dim")),
         "k": ((d, n, k), ("embed", "kv_heads", "head_dim")),
         "v": ((d, n, k), ("embed", "kv_heads", "head_dim")),
         "o": ((h, k, d), ("heads", "head_dim", "embed")),
-        "mlp_norm": ((d,), ("embed",)),
         "gate": ((d, f), ("embed", "mlp")),
         "up": ((d, f), ("embed", "mlp")),
         "down": ((f, d), ("mlp", "embed")),
@@ -43,9 +44,14 @@ def layer_param_shapes(c: DecoderConfig) -> dict[str, tuple[tuple[int, ...], tup
     if c.qkv_bias:
         shapes |= {"q_bias": ((h, k), ("heads", "head_dim")), "k_bias": ((n, k), ("kv_heads", "head_dim")),
                    "v_bias": ((n, k), ("kv_heads", "head_dim"))}
-    if c.is_gemma:
-        shapes |= {"q_norm": ((k,), ("head_dim",)), "k_norm": ((k,), ("head_dim",)),
-                   "post_attn_norm": ((d,), ("embed",)), "post_mlp_norm": ((d,), ("embed",))}
+    if c.norms in ("pre", "pre+post"):
+        shapes |= {"attn_norm": ((d,), ("embed",)), "mlp_norm": ((d,), ("embed",))}
+    if c.norms in ("pre+post", "post"):
+        shapes |= {"post_attn_norm": ((d,), ("embed",)), "post_mlp_norm": ((d,), ("embed",))}
+    if c.qk_norm == "head":
+        shapes |= {"q_norm": ((k,), ("head_dim",)), "k_norm": ((k,), ("head_dim",))}
+    elif c.qk_norm == "projection":
+        shapes |= {"q_norm": ((h, k), ("heads", "head_dim")), "k_norm": ((n, k), ("kv_heads", "head_dim"))}
     return shapes
 
 
@@ -92,7 +98,7 @@ class Decoder(nnx.Module):
         values [L, B, T, N, K] (a prefill for `decode_step`).
         """
         c = self.config
-        x, kv = run_blocks(c, self.layers.arrays(), jnp.asarray(c.local_layers), self.embed_tokens(tokens),
+        x, kv = run_blocks(c, self.layers.arrays(), layer_flags(c), self.embed_tokens(tokens),
                            positions, segment_ids, attend_to, remat=remat, return_kv=return_kv)
         hidden = rms_norm(x, self.final_norm[...], c.rms_eps, c.norm_offset)
         return (hidden, kv) if return_kv else hidden
@@ -107,8 +113,7 @@ class Decoder(nnx.Module):
         part of a model whose top layers are fine-tuned (dcsjax.training caches it once)."""
         c = self.config
         params = {name: value[:num_layers] for name, value in self.layers.arrays().items()}
-        x, _ = run_blocks(c, params, jnp.asarray(c.local_layers[:num_layers]), self.embed_tokens(tokens),
-                          positions, segment_ids)
+        x, _ = run_blocks(c, params, layer_flags(c, 0, num_layers), self.embed_tokens(tokens), positions, segment_ids)
         return x
 
     def decode_step(self, tokens: jax.Array, positions: jax.Array, cache_k: jax.Array, cache_v: jax.Array):
@@ -124,34 +129,41 @@ class Decoder(nnx.Module):
         write = (slots[None, :] == positions[:, None])[:, :, None, None]  # [B, S, 1, 1]
 
         def block(x, layer):
-            p, is_local, k_cache, v_cache = layer
-            rope = Rope(*(jnp.where(is_local, lo, gl) for lo, gl in zip(ropes.local, ropes.glob)))
-            x, (k_cache, v_cache) = decoder_block(c, p, x, rope, jnp.where(is_local, local, glob),
+            p, flags, k_cache, v_cache = layer
+            x, (k_cache, v_cache) = decoder_block(c, p, x, ropes.pick(flags), jnp.where(flags.local, local, glob),
                                                   cache=(k_cache, v_cache, write))
             return x, (k_cache, v_cache)
 
-        x, (cache_k, cache_v) = jax.lax.scan(block, x, (self.layers.arrays(), jnp.asarray(c.local_layers),
-                                                         cache_k, cache_v))
+        x, (cache_k, cache_v) = jax.lax.scan(block, x, (self.layers.arrays(), layer_flags(c), cache_k, cache_v))
         return rms_norm(x, self.final_norm[...], c.rms_eps, c.norm_offset)[:, 0], cache_k, cache_v
 
 
-def run_blocks(c: DecoderConfig, params: dict[str, jax.Array], is_local: jax.Array, x: jax.Array,
+def run_blocks(c: DecoderConfig, params: dict[str, jax.Array], flags: "LayerFlags", x: jax.Array,
                positions: jax.Array, segment_ids: jax.Array, attend_to: jax.Array | None = None, *,
                remat: bool = False, return_kv: bool = False):
-    """x [B, T, D] through the blocks whose parameters are stacked in `params` (leading axis: those layers,
-    is_local [layers] says which are sliding-window) -> (x [B, T, D], keys and values or None)."""
+    """x [B, T, D] through the blocks whose parameters are stacked in `params` (leading axis: those layers;
+    `flags` says which of them are sliding-window and which use RoPE) -> (x [B, T, D], keys and values or None)."""
     masks = attention_masks(c, positions, segment_ids, attend_to)
     ropes = rope_tables(c, positions)
 
     def block(x, layer):
-        p, local = layer
-        x, kv = decoder_block(c, p, x, Rope(*(jnp.where(local, lo, gl) for lo, gl in zip(ropes.local, ropes.glob))),
-                              jnp.where(local, masks.local, masks.glob))
+        p, layer_flags = layer
+        x, kv = decoder_block(c, p, x, ropes.pick(layer_flags), masks.pick(layer_flags))
         return x, (kv if return_kv else None)
 
     if remat:
         block = jax.checkpoint(block)
-    return jax.lax.scan(block, x, (params, is_local))
+    return jax.lax.scan(block, x, (params, flags))
+
+
+class LayerFlags(NamedTuple):
+    local: jax.Array  # [layers] bool: a sliding-window layer
+    rope: jax.Array  # [layers] bool: a layer that rotates queries and keys (SmolLM3 has some that do not)
+
+
+def layer_flags(c: DecoderConfig, start: int = 0, stop: int | None = None) -> LayerFlags:
+    """The flags of layers start..stop, as arrays a `lax.scan` over the stacked layers reads."""
+    return LayerFlags(jnp.asarray(c.local_layers[start:stop]), jnp.asarray(c.rope_layers[start:stop]))
 
 
 class Rope(NamedTuple):
@@ -163,23 +175,47 @@ class RopeTables(NamedTuple):
     glob: Rope
     local: Rope
 
+    def pick(self, flags: LayerFlags) -> Rope:
+        """A layer's table: local or global, and the identity (cos 1, sin 0) for a layer without RoPE."""
+        cos, sin = (jnp.where(flags.local, lo, gl) for lo, gl in zip(self.local, self.glob))
+        return Rope(jnp.where(flags.rope, cos, 1.0), jnp.where(flags.rope, sin, 0.0))
+
 
 class Masks(NamedTuple):
     glob: jax.Array  # [B, T, S] bool
     local: jax.Array  # [B, T, S] bool
 
+    def pick(self, flags: LayerFlags) -> jax.Array:
+        return jnp.where(flags.local, self.local, self.glob)
 
-def rope_table(positions: jax.Array, head_dim: int, base: float) -> Rope:
+
+def inverse_frequencies(head_dim: int, base: float, llama3: tuple | None = None) -> np.ndarray:
+    """[K/2] float32, as transformers computes them (in float32), with Llama 3's scaling where given:
+    wavelengths past the original context are slowed by `factor`, short ones kept, the band between
+    interpolated."""
+    inv_freq = (1.0 / (np.float32(base) ** (np.arange(0, head_dim, 2).astype(np.float32) / np.float32(head_dim))))
+    inv_freq = inv_freq.astype(np.float32)
+    if llama3 is None:
+        return inv_freq
+    factor, low, high, original = (np.float32(v) for v in llama3)
+    wavelen = np.float32(2 * math.pi) / inv_freq
+    scaled = np.where(wavelen > original / low, inv_freq / factor, inv_freq).astype(np.float32)
+    smooth = ((original / wavelen - low) / (high - low)).astype(np.float32)
+    smoothed = ((1 - smooth) * scaled / factor + smooth * scaled).astype(np.float32)
+    medium = ~(wavelen < original / high) & ~(wavelen > original / low)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_table(positions: jax.Array, inv_freq: np.ndarray) -> Rope:
     """HF's (rotate-half) layout: frequencies repeated over the two halves of each head."""
-    inv_freq = 1.0 / (base ** (jnp.arange(0, head_dim, 2, dtype=F32) / head_dim))  # [K/2]
-    angles = positions.astype(F32)[..., None] * inv_freq  # [B, T, K/2]
+    angles = positions.astype(F32)[..., None] * jnp.asarray(inv_freq, F32)  # [B, T, K/2]
     angles = jnp.concatenate([angles, angles], axis=-1)  # [B, T, K]
     return Rope(jnp.cos(angles), jnp.sin(angles))
 
 
 def rope_tables(c: DecoderConfig, positions: jax.Array) -> RopeTables:
-    glob = rope_table(positions, c.head_dim, c.rope_base)
-    local = rope_table(positions, c.head_dim, c.local_rope_base) if any(c.local_layers) else glob
+    glob = rope_table(positions, inverse_frequencies(c.head_dim, c.rope_base, c.rope_llama3))
+    local = rope_table(positions, inverse_frequencies(c.head_dim, c.local_rope_base)) if any(c.local_layers) else glob
     return RopeTables(glob, local)
 
 
@@ -218,6 +254,19 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float, offset: float) -> jax.Array
     return (y * (offset + w.astype(F32))).astype(x.dtype)
 
 
+def softcap(x: jax.Array, cap: float | None) -> jax.Array:
+    """cap * tanh(x / cap) (Gemma 2's scores and logits); x itself without a cap."""
+    return x if cap is None else jnp.tanh(x / cap) * cap
+
+
+def qk_norm(c: DecoderConfig, x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [B, T, heads, K]: RMSNorm per head (Gemma 3, Qwen3) or over the whole projection (OLMo-2, w [heads, K])."""
+    if c.qk_norm == "head":
+        return rms_norm(x, w, c.rms_eps, c.norm_offset)
+    flat = rms_norm(x.reshape(*x.shape[:-2], -1), w.reshape(-1), c.rms_eps, c.norm_offset)
+    return flat.reshape(x.shape)
+
+
 def apply_rope(x: jax.Array, rope: Rope) -> jax.Array:
     """x [B, T, ..., K]; rope tables broadcast over the head axes."""
     half = x.shape[-1] // 2
@@ -234,8 +283,8 @@ def project_kv(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope) -> tuple[jax
     v = dense("bsd,dnk->bsnk", x, p["v"])
     if c.qkv_bias:
         k, v = k + p["k_bias"], v + p["v_bias"]
-    if c.is_gemma:
-        k = rms_norm(k, p["k_norm"], c.rms_eps, c.norm_offset)
+    if c.qk_norm:
+        k = qk_norm(c, k, p["k_norm"])
     return apply_rope(k, rope), v
 
 
@@ -247,15 +296,15 @@ def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Arr
     q = dense("btd,dhk->bthk", x, p["q"])  # [B, T, H, K]
     if c.qkv_bias:
         q = q + p["q_bias"]
-    if c.is_gemma:
-        q = rms_norm(q, p["q_norm"], c.rms_eps, c.norm_offset)
+    if c.qk_norm:
+        q = qk_norm(c, q, p["q_norm"])
     q = apply_rope(q, rope)
     k, v = project_kv(c, p, x, rope)
     if cache is not None:
         k_cache, v_cache, write = cache
         k, v = jnp.where(write, k, k_cache), jnp.where(write, v, v_cache)
     q = q.reshape(b, t, n, g, c.head_dim)  # [B, T, N, G, K]
-    scores = jnp.einsum("btngk,bsnk->bngts", q, k, preferred_element_type=F32) * c.attn_scale
+    scores = softcap(jnp.einsum("btngk,bsnk->bngts", q, k, preferred_element_type=F32) * c.attn_scale, c.attn_softcap)
     scores = jnp.where(mask[:, None, None], scores, MASKED)  # [B, N, G, T, S]
     unnormed = jnp.exp(scores - scores.max(axis=-1, keepdims=True))  # a max is exact in any order
     # The softmax's denominator comes out of the same matmul as the weighted values, from a column of ones
@@ -277,12 +326,15 @@ def mlp(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, cache=None):
-    """-> (x [B, T, D], this layer's (keys, values))."""
-    norm = lambda y, w: rms_norm(y, p[w], c.rms_eps, c.norm_offset)  # noqa: E731
+    """-> (x [B, T, D], this layer's (keys, values)). Norms before each part ("pre"), before and after
+    ("pre+post"), or after only ("post")."""
+    def norm(y, w):
+        return rms_norm(y, p[w], c.rms_eps, c.norm_offset) if w in p else y
+
     h, kv = attention(c, p, norm(x, "attn_norm"), rope, mask, cache)
-    x = x + (norm(h, "post_attn_norm") if c.is_gemma else h)
+    x = x + norm(h, "post_attn_norm")
     h = mlp(c, p, norm(x, "mlp_norm"))
-    return x + (norm(h, "post_mlp_norm") if c.is_gemma else h), kv
+    return x + norm(h, "post_mlp_norm"), kv
 
 
 def readout_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, last: jax.Array) -> jax.Array:
@@ -290,7 +342,8 @@ def readout_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax
     position, the query, attention output and MLP at `last` only (mask [B, T, S] as for the whole block).
     A model read out at one token needs only this from its top block: about 1/T of the block's cost."""
     rows = jnp.arange(x.shape[0])
-    keys, values = project_kv(c, p, rms_norm(x, p["attn_norm"], c.rms_eps, c.norm_offset), rope)
+    keys, values = project_kv(c, p, rms_norm(x, p["attn_norm"], c.rms_eps, c.norm_offset) if "attn_norm" in p else x,
+                              rope)
     no_write = jnp.zeros((*keys.shape[:2], 1, 1), bool)  # the cache already holds every key, the query's own too
     at_last = Rope(rope.cos[rows, last][:, None], rope.sin[rows, last][:, None])
     out, _ = decoder_block(c, p, x[rows, last][:, None], at_last, mask[rows, last][:, None],

@@ -31,7 +31,7 @@ import optax
 
 from dcsjax.errors import ConfigError
 from dcsjax.metrics.calibration import ABSTENTION_METRICS, Distributions
-from dcsjax.nn.decoder import attention_masks, readout_block, rms_norm, rope_tables, run_blocks
+from dcsjax.nn.decoder import attention_masks, layer_flags, readout_block, rms_norm, rope_tables, run_blocks, softcap
 from dcsjax.training.features import LetterFeatures
 from dcsjax.training.loss import dcs_loss, option_ce
 
@@ -85,14 +85,14 @@ def letter_logits(c, params: dict, output_embedding: jax.Array, hidden: jax.Arra
     positions = jnp.broadcast_to(jnp.arange(hidden.shape[1]), hidden.shape[:2])
     segments = (positions < length[:, None]).astype(jnp.int32)
     below = jax.tree.map(lambda a: a[:-1], params["layers"])  # every trained block but the last runs whole
-    x, _ = run_blocks(c, below, jnp.asarray(c.local_layers[c.num_layers - top:-1]), hidden, positions, segments)
+    x, _ = run_blocks(c, below, layer_flags(c, c.num_layers - top, -1), hidden, positions, segments)
     # the last block is read at the prompt's last token only
     masks, ropes = attention_masks(c, positions, segments), rope_tables(c, positions)
-    local = c.local_layers[-1]
-    last = readout_block(c, jax.tree.map(lambda a: a[-1], params["layers"]), x, ropes.local if local else ropes.glob,
-                         masks.local if local else masks.glob, length - 1)  # [B, D]
+    flags = jax.tree.map(lambda a: a[-1], layer_flags(c))
+    last = readout_block(c, jax.tree.map(lambda a: a[-1], params["layers"]), x, ropes.pick(flags), masks.pick(flags),
+                         length - 1)  # [B, D]
     h = rms_norm(last, params["final_norm"], c.rms_eps, c.norm_offset).astype(jnp.float32)
-    return jnp.einsum("bd,bkd->bk", h, output_embedding[letters].astype(jnp.float32))
+    return softcap(jnp.einsum("bd,bkd->bk", h, output_embedding[letters].astype(jnp.float32)), c.final_softcap)
 
 
 # ------------------------------------------------------------------------------------------------ loss

@@ -1,0 +1,196 @@
+"""Paper 002's architecture families, each from an HF directory that transformers itself wrote.
+
+No weights of these families are reachable from this machine, so each is a tiny random-weight model made by
+`AutoModelForCausalLM.from_config` (weights drawn larger than the init so that errors show), saved with
+`save_pretrained`, loaded by `dcsjax.load(dir)` and compared per token with transformers on the same
+weights: float32 log-probs within 1e-4 on a text several times longer than any sliding window. Each
+directory is read in transformers 5's config spelling (`rope_parameters`, as saved) and in transformers 4's
+(`rope_theta` + `rope_scaling`, what the published hub configs say). SmolLM2 and Gemma 3 keep their
+real-weight parity tests (`test_parity.py`).
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import dcsjax
+from conftest import PASSAGE
+from dcsjax.errors import ConfigError
+from dcsjax.fetch import fetch_model
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False)
+WINDOW = 32  # tokens; the test text is several hundred
+
+FAMILIES = {
+    "llama3": ("LlamaConfig", dict(rope_parameters={"rope_type": "llama3", "rope_theta": 500_000.0, "factor": 8.0,
+                                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                    "original_max_position_embeddings": 64})),
+    "mistral": ("MistralConfig", dict(sliding_window=None, rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", dict()),
+    "olmo2": ("Olmo2Config", dict()),
+    "gemma2": ("Gemma2Config", dict(sliding_window=WINDOW, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                                    query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh")),
+    "gemma3": ("Gemma3TextConfig", dict(sliding_window=WINDOW, query_pre_attn_scalar=24)),
+    "phi3": ("Phi3Config", dict(sliding_window=None, pad_token_id=0)),
+    "smollm3": ("SmolLM3Config", dict(no_rope_layer_interval=3, pad_token_id=0)),
+}
+
+
+def write_tiny(family: str, directory, dtype=None):
+    """A random-weight checkpoint of `family`, written by transformers, with SmolLM2's tokenizer."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    class_name, extra = FAMILIES[family]
+    config = getattr(transformers, class_name)(**{**TINY, **extra, "vocab_size": 49152})
+    torch.manual_seed(sum(map(ord, family)))
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:  # norms near 1 (Gemma's near 0: it scales by 1 + w), each entry different
+                p.copy_((0.0 if "gemma" in family else 1.0) + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.2 if p.ndim > 1 else 0.1)
+    model.to(dtype or torch.float32).save_pretrained(directory)
+    path = fetch_model("smollm2-135m-instruct")
+    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(directory)
+    if dtype is not None:  # the reference reads the saved weights back (RoPE tables are not in the file)
+        return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager").eval()
+    return model.eval()
+
+
+def v4_spelling(directory) -> None:
+    """Rewrite config.json as transformers 4 wrote it: top-level rope_theta and rope_scaling."""
+    path = directory / "config.json"
+    cfg = json.loads(path.read_text())
+    params = cfg.pop("rope_parameters", None)
+    if params is not None:
+        if "full_attention" in params:  # per layer type (Gemma 3)
+            cfg["rope_local_base_freq"] = params["sliding_attention"]["rope_theta"]
+            params = params["full_attention"]
+        cfg["rope_theta"] = params["rope_theta"]
+        if params.get("rope_type", "default") != "default":
+            cfg["rope_scaling"] = {k: v for k, v in params.items() if k != "rope_theta"}
+    cfg.pop("layer_types", None)  # transformers 4 configs do not carry it
+    path.write_text(json.dumps(cfg))
+
+
+def reference_logprobs(model, ids: list[int]) -> np.ndarray:
+    import torch
+
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        logits = model(x).logits[0].float()
+    return torch.log_softmax(logits, -1)[:-1].gather(1, x[0, 1:, None])[:, 0].numpy()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_matches_transformers_in_both_config_spellings(family, tmp_path):
+    model = write_tiny(family, tmp_path / "v5")
+    shutil.copytree(tmp_path / "v5", tmp_path / "v4")
+    v4_spelling(tmp_path / "v4")
+    for spelling in ("v5", "v4"):
+        scorer = dcsjax.load(tmp_path / spelling, document_start="<|endoftext|>")
+        assert scorer.config.architecture == {"llama3": "llama"}.get(family, family)
+        text = PASSAGE[:1500]
+        (ids,) = scorer.encode([text])
+        assert len(ids) > 8 * WINDOW
+        ours = scorer.token_logprobs([text])[0]
+        want = reference_logprobs(model, [scorer.document_start_id, *ids])
+        diff = np.abs(ours - want).max()
+        print(f"{family} ({spelling} config): {len(ids)} tokens, max |difference| {diff:.2e} nats, "
+              f"mean log-prob {want.mean():.2f}")
+        assert diff < 1e-4, (family, spelling, diff)
+
+
+def test_traits_read_off_the_configs(tmp_path):
+    """Each family's traits land in the named fields, not in a family switch."""
+    configs = {}
+    for family in ("gemma2", "olmo2", "smollm3", "llama3", "phi3"):
+        write_tiny(family, tmp_path / family)
+        configs[family] = dcsjax.load(tmp_path / family, document_start="<|endoftext|>").config
+    g2 = configs["gemma2"]
+    assert (g2.attn_softcap, g2.final_softcap, g2.norms, g2.qk_norm) == (50.0, 30.0, "pre+post", None)
+    assert g2.layer_is_local == (True, False) * 3 and g2.sliding_window == WINDOW and g2.query_pre_attn_scalar == 24
+    assert (configs["olmo2"].norms, configs["olmo2"].qk_norm) == ("post", "projection")
+    assert configs["smollm3"].rope_layers == (True, True, False, True, True, False)
+    assert configs["llama3"].rope_llama3 == (8.0, 1.0, 4.0, 64)
+    assert configs["phi3"].architecture == "phi3" and not configs["phi3"].qkv_bias
+
+
+def test_bfloat16_checkpoint_loads(tmp_path):
+    import torch
+
+    model = write_tiny("qwen3", tmp_path, dtype=torch.bfloat16)  # the reference: the bf16 weights, in float32
+    scorer = dcsjax.load(tmp_path, document_start="<|endoftext|>")
+    text = PASSAGE[:600]
+    (ids,) = scorer.encode([text])
+    np.testing.assert_allclose(scorer.token_logprobs([text])[0],
+                               reference_logprobs(model, [scorer.document_start_id, *ids]), atol=1e-4)
+    bf16 = dcsjax.load(tmp_path, dtype="bfloat16", document_start="<|endoftext|>")
+    assert bf16.model.embed[...].dtype == np.dtype("bfloat16")
+    assert np.abs(bf16.token_logprobs([text])[0] - scorer.token_logprobs([text])[0]).mean() < 0.1
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    ({"layer_types": ["sliding_attention"] * 3}, "layer_types"),
+    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+])
+def test_what_the_decoder_does_not_implement_raises_naming_it(tmp_path, change, match):
+    write_tiny("qwen3", tmp_path)
+    path = tmp_path / "config.json"
+    cfg = json.loads(path.read_text())
+    if "rope_scaling" in change:
+        cfg.pop("rope_parameters")
+    path.write_text(json.dumps(cfg | change))
+    with pytest.raises(ConfigError, match=match):
+        dcsjax.load(tmp_path, document_start="<|endoftext|>")
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    for family in ("qwen3", "gemma2"):
+        write_tiny(family, root / family)
+    return root
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma2"])
+def test_invariance_bit_identical_across_batching_and_packing(tiny_dirs, family):
+    from test_invariance import brute_force_scores, check
+
+    base = dcsjax.load(tiny_dirs / family, document_start="<|endoftext|>")
+    reference = brute_force_scores(base)
+    for batch_size, pack, buckets in [(1, False, (64, 128)), (7, True, (64, 128)), (32, True, (128,))]:
+        check(family, batch_size, pack, buckets, base=base, reference=reference)
+
+
+def test_mesh_scores_equal_one_device(tiny_dirs):
+    """Qwen3 (q/k norms per head) and Gemma 2 (soft-caps, local layers) on 2x4 and 8x1 meshes of 8 CPU devices."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "JAX_PLATFORMS": "cpu"}
+    script = Path(__file__).with_name("mesh_check.py")
+    out = subprocess.run([sys.executable, str(script), str(tiny_dirs / "qwen3"), str(tiny_dirs / "gemma2")],
+                         env=env, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = [json.loads(line) for line in out.stdout.strip().splitlines()]
+    assert len(results) == 2
+    for r in results:
+        print(json.dumps(r))
+        assert r["devices"] == 8
+        for mesh in ("2x4", "8x1"):
+            assert r[mesh]["max_diff"] < 1e-4, (r["model"], mesh, r[mesh]["max_diff"])
+            assert r[mesh]["gathered_vocab_sized"] == []
