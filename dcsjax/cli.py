@@ -17,6 +17,9 @@ DEMO_TASKS = ("known_unknowns", "logical_deduction_three_objects", "misconceptio
               "general_knowledge")
 DEMO_PROTOCOLS = ("aps", "mcqa", "apx", "dcs", "dcs-letters")
 DEMO_LIMIT = 60
+MODEL_HELP = "a model card, a .gguf file, an HF checkpoint directory, or a hub id org/name[@revision]"
+DOCUMENT_START_HELP = ("the token that starts a document in the model's pretraining, for a model without a card "
+                       "whose tokenizer adds no BOS (Qwen: '<|endoftext|>')")
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -53,7 +56,8 @@ def cmd_score(args) -> int:
     import dcsjax
 
     texts = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    scorer = dcsjax.load(args.model, dtype=args.dtype, progress=True, batch_size=args.batch_size)
+    scorer = dcsjax.load(args.model, dtype=args.dtype, progress=True, batch_size=args.batch_size,
+                         document_start=args.document_start)
     start = time.perf_counter()
     lps = scorer.token_logprobs(texts)
     elapsed = time.perf_counter() - start
@@ -79,7 +83,8 @@ def cmd_eval(args) -> int:
     summary = run_eval(args.model, _names(args.tasks), _names(args.protocols), Path(args.output),
                        limit=args.limit, threshold=args.threshold, batch_size=args.batch_size, dtype=args.dtype,
                        mesh=args.mesh, statements=args.statements,
-                       replace_stale=args.replace_stale or args.command == "demo")
+                       replace_stale=args.replace_stale or args.command == "demo", document_start=args.document_start,
+                       variant=args.variant)
     import jax
 
     if jax.process_index() == 0:
@@ -250,15 +255,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("models", help="list the model cards")
     p.set_defaults(func=cmd_models)
     p = sub.add_parser("score", help="token log-probs and perplexity of texts (arguments or stdin lines)")
-    p.add_argument("--model", default=DEMO_MODEL)
+    p.add_argument("--model", default=DEMO_MODEL, help=MODEL_HELP)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--document-start", default=None, help=DOCUMENT_START_HELP)
     p.add_argument("texts", nargs="*")
     p.set_defaults(func=cmd_score)
     for name, help_text in [("eval", "score a model on benchmarks under every protocol"),
                             ("demo", f"the embedded default: {DEMO_MODEL} on five BIG-bench tasks, all protocols")]:
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("--model", default=DEMO_MODEL)
+        p.add_argument("--model", default=DEMO_MODEL, help=MODEL_HELP)
         p.add_argument("--tasks", default=",".join(DEMO_TASKS))
         p.add_argument("--protocols", default=",".join(DEMO_PROTOCOLS))
         p.add_argument("--limit", type=_positive_int, default=DEMO_LIMIT if name == "demo" else None,
@@ -275,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                        help="parameter dtype; log-probs are float32 either way")
         p.add_argument("--mesh", default=None, help="DATAxMODEL devices, e.g. 2x4 (default: one device)")
+        p.add_argument("--document-start", default=None, help=DOCUMENT_START_HELP)
+        p.add_argument("--variant", default=None, choices=["base", "instruct"],
+                       help="for a model without a card: base or instruct (APX's prompt, the letters' chat template)")
         p.add_argument("--coordinator", default=None, help="HOST:PORT of process 0, for a multi-process run")
         p.add_argument("--num-processes", type=int, default=None)
         p.add_argument("--process-id", type=int, default=None)

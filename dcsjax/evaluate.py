@@ -149,7 +149,7 @@ def check_arguments(protocols: Sequence[str], limit: int | None, threshold: floa
 def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output: Path, limit: int | None = None,
              threshold: float | None = None, batch_size: int = 16, progress: bool = True, scorer=None,
              chunk: int = CHUNK, dtype: str = "float32", mesh=None, statements: str | Path | None = None,
-             replace_stale: bool = False) -> dict:
+             replace_stale: bool = False, document_start: str | None = None, variant: str | None = None) -> dict:
     """Every protocol on every task. In a multi-process run (`dcsjax.distributed`), each process scores its
     share of every chunk and process 0 writes the gathered records; the files equal a single process's.
 
@@ -168,7 +168,8 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
     output = Path(output)
     writer = results.ResultsWriter(output, replace_stale) if lead else contextlib.nullcontext()
     with writer:  # taken before the model loads: a locked or unwritable folder fails at once
-        scorer = scorer or dcsjax.load(model, batch_size=batch_size, dtype=dtype, mesh=mesh)
+        scorer = scorer or dcsjax.load(model, batch_size=batch_size, dtype=dtype, mesh=mesh,
+                                       document_start=document_start, variant=variant)
         model_identity = scorer.model_fingerprint or {"name": scorer.name}
         rows = []
         for card in cards:

@@ -9,9 +9,10 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from dcsjax.cards import ModelCard, model_card, model_card_names
-from dcsjax.checkpoints.assemble import build_decoder
+from dcsjax.checkpoints.assemble import build_decoder, param_count
 from dcsjax.checkpoints.gguf_file import gguf_metadata, gguf_tensors, gguf_vocab_size, open_gguf
 from dcsjax.checkpoints.gguf_tokenizer import gguf_tokenizer
+from dcsjax.checkpoints.hub import hub_snapshot, is_hub_id
 from dcsjax.checkpoints.hf_dir import hf_config, hf_tensors
 from dcsjax.errors import CheckpointError, ConfigError, UnknownModelError
 from dcsjax.nn.config import config_from_gguf, config_from_hf
@@ -21,12 +22,15 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_start: str | None = None,
-         progress: bool = False, mesh=None, **scorer_options) -> Scorer:
-    """A `Scorer` for a card name (fetched into the cache on first use), a GGUF file or an HF directory.
+         variant: str | None = None, progress: bool = False, mesh=None, **scorer_options) -> Scorer:
+    """A `Scorer` for a card name (fetched into the cache on first use), a GGUF file, an HF directory or a
+    Hugging Face hub id (`org/name` or `org/name@revision`, through huggingface_hub's cache).
 
     dtype: parameter dtype ("float32" or "bfloat16"); log-probs are float32 either way.
     document_start: the token that starts a document, for a model whose tokenizer adds no BOS and that
     has no card (a card names it).
+    variant: "base" or "instruct", for a model without a card (it decides APX's prompt and whether the
+    letters are asked through the chat template); a card's own variant otherwise.
     mesh: "2x4" (data x model devices), a jax Mesh, or None: parameters load straight into their shards.
     """
     from dcsjax.fetch import fetch_model
@@ -34,6 +38,8 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
 
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
+    if variant not in (None, "base", "instruct"):
+        raise ConfigError(f"variant must be 'base' or 'instruct', not {variant!r}")
     try:
         mesh = make_mesh(mesh)
     except ValueError as err:
@@ -41,7 +47,10 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
     text = str(name_or_path)
     card: ModelCard | None = None
     path = Path(text).expanduser()
-    if not path.exists() and "/" not in text and not text.endswith(".gguf"):
+    hub = None
+    if is_hub_id(text):  # org/name[@revision]: a snapshot in huggingface_hub's cache, fetched where reachable
+        path, hub = hub_snapshot(text)
+    elif not path.exists() and "/" not in text and not text.endswith(".gguf"):
         if text not in model_card_names():
             raise UnknownModelError(
                 f"unknown model {text!r}: not a model card ({', '.join(model_card_names())}), "
@@ -55,18 +64,22 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
         if base is not None and card is None:
             card = model_card(base)
         model, tokenizer = _load_hf_dir(path, DTYPES[dtype], mesh)
-        identity = {"hf_dir": str(path.resolve()), "sha256": hf_dir_digest(path)}
+        identity = hub or {"hf_dir": str(path.resolve())}
+        identity = {**identity, "sha256": hf_dir_digest(path)}
     elif path.suffix == ".gguf" or path.is_file():
         model, tokenizer, digest = _load_gguf(path, DTYPES[dtype], mesh, card.sha256 if card is not None else None)
         identity = {"gguf": path.name, "sha256": digest}
     else:
         raise CheckpointError(f"{path}: no such model file or directory")
     start = document_start_id(tokenizer, card, document_start, source=str(path))
-    name = path.name if path.is_dir() else (card.name if card else path.stem)
-    fingerprint = {**identity, "card": card.name if card else None, "dtype": dtype,
-                   "document_start": int(start)}
+    # results are filed under this name: a hub model under org--name, as huggingface_hub's cache spells it
+    name = hub["hub"].replace("/", "--") if hub else path.name if path.is_dir() else (card.name if card else path.stem)
+    variant = variant or (card.variant if card else None)
+    # parameters and variant ride along so that `dcsjax report` can place the model on a size axis
+    fingerprint = {**identity, "card": card.name if card else None, "dtype": dtype, "document_start": int(start),
+                   "variant": variant, "parameters": param_count(model)}
     return Scorer(model, tokenizer, start, name=name, card=card, progress=progress, mesh=mesh,
-                  model_fingerprint=fingerprint, **scorer_options)
+                  model_fingerprint=fingerprint, variant=variant, **scorer_options)
 
 
 def hf_dir_digest(path: Path) -> str:

@@ -143,6 +143,19 @@ def read_errors(folder: Path) -> list[dict]:
     return read_jsonl(Path(folder) / f"{ERRORS}.jsonl", key=None)
 
 
+def model_facts(root: Path, model: str) -> dict:
+    """What the records of `model` under a results folder say of it (their fingerprints' model part: file
+    checksum or hub revision, dtype, variant, parameters); {} where nothing says."""
+    for path in sorted(Path(root).glob(f"{model}/*/{FINGERPRINTS}")):
+        try:
+            for settings in json.loads(path.read_text()).values():
+                if isinstance(settings, dict) and isinstance(settings.get("model"), dict):
+                    return settings["model"]
+        except ValueError:
+            warnings.warn(f"{path}: not readable JSON; skipped", stacklevel=2)
+    return {}
+
+
 def read_summary(output: Path) -> dict:
     path = Path(output) / SUMMARY
     if not path.exists():

@@ -51,6 +51,11 @@ class Scorer:
     # what identifies the weights and how they were loaded (file checksum, card, dtype, document start):
     # part of every result record's fingerprint (`dcsjax.results`)
     model_fingerprint: dict | None = None
+    variant: str | None = None  # "base" or "instruct": the card's, or what the caller said; None: not known
+
+    @property
+    def is_instruct(self) -> bool | None:
+        return None if self.variant is None else self.variant == "instruct"
 
     def __post_init__(self) -> None:
         limit = self.model.config.max_context // BUCKET_MULTIPLE * BUCKET_MULTIPLE

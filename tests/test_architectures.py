@@ -194,3 +194,21 @@ def test_mesh_scores_equal_one_device(tiny_dirs):
         for mesh in ("2x4", "8x1"):
             assert r[mesh]["max_diff"] < 1e-4, (r["model"], mesh, r[mesh]["max_diff"])
             assert r[mesh]["gathered_vocab_sized"] == []
+
+
+def test_eval_and_report_of_a_model_without_a_card(tiny_dirs, tmp_path):
+    """--document-start and --variant say what a card would; the report reads the model's size from the
+    records' fingerprints (dcsjax counted the parameters when it loaded the model): no --sizes needed."""
+    from dcsjax.analysis.report import load_results
+    from dcsjax.checkpoints.assemble import param_count
+    from dcsjax.cli import main
+
+    directory = tiny_dirs / "qwen3"
+    assert main(["eval", "--model", str(directory), "--tasks", "known_unknowns", "--protocols", "aps,apx",
+                 "--limit", "3", "--output", str(tmp_path), "--document-start", "<|endoftext|>",
+                 "--variant", "base"]) == 0
+    models = load_results([tmp_path])
+    expected = param_count(dcsjax.load(directory, document_start="<|endoftext|>").model)
+    assert models["qwen3"].parameters == expected and models["qwen3"].variant == "base"
+    with pytest.raises(ConfigError, match="variant must be 'base' or 'instruct'"):
+        dcsjax.load(directory, document_start="<|endoftext|>", variant="chat")

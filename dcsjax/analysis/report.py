@@ -32,7 +32,7 @@ from dcsjax.metrics import (
     risk_coverage,
     ternary_score,
 )
-from dcsjax.results import ReadReport, read_records, result_files
+from dcsjax.results import ReadReport, model_facts, read_records, result_files
 
 DCS_PROTOCOLS = ("dcs", "dcs-letters")
 TERNARY_T = 0.75
@@ -46,7 +46,9 @@ class ModelResults:
     records: dict[str, dict[str, list[dict]]] = field(default_factory=lambda: defaultdict(dict))  # task -> protocol
 
 
-def _model_info(name: str, sizes: dict) -> tuple[float | None, str | None]:
+def _model_info(name: str, sizes: dict, root: Path) -> tuple[float | None, str | None]:
+    """Size and base/instruct: from --sizes, else the model card, else what the records' fingerprints say
+    (dcsjax counts the parameters when it loads a model, so hub models need no hand-written sizes)."""
     if name in sizes:
         return float(sizes[name]["parameters"]), sizes[name].get("variant")
     from dcsjax.cards import model_card, model_card_names
@@ -54,7 +56,8 @@ def _model_info(name: str, sizes: dict) -> tuple[float | None, str | None]:
     if name in model_card_names():
         card = model_card(name)
         return float(card.parameters), card.variant
-    return None, None
+    facts = model_facts(root, name)
+    return (float(facts["parameters"]) if facts.get("parameters") else None), facts.get("variant")
 
 
 def load_results(dirs: list[Path], sizes: dict | None = None,
@@ -68,7 +71,7 @@ def load_results(dirs: list[Path], sizes: dict | None = None,
             raise FileNotFoundError(f"{root}: not a results folder")
         for model, task, protocol, path in result_files(root):
             if model not in models:
-                models[model] = ModelResults(model, *_model_info(model, sizes or {}))
+                models[model] = ModelResults(model, *_model_info(model, sizes or {}, root))
             models[model].records[task][protocol] = read_records(path, skipped)
     if not models:
         raise FileNotFoundError(f"no <model>/<task>/<protocol>.jsonl results under {', '.join(map(str, dirs))}")

@@ -29,8 +29,8 @@ def question_prompt(item: Item, instruct: bool) -> str:
 
 
 def is_instruct(scorer) -> bool:
-    """The card says; without a card, a model with a chat template is taken as instruct."""
-    return scorer.card.is_instruct if scorer.card is not None else bool(scorer.tokenizer.chat_template)
+    """The card (or the caller's `variant`) says; without either, a model with a chat template is instruct."""
+    return scorer.is_instruct if scorer.is_instruct is not None else bool(scorer.tokenizer.chat_template)
 
 
 def uses_chat_template(scorer) -> bool:

@@ -132,7 +132,7 @@ def letters_prompt(item: Item, lc: float, lw: float) -> tuple[str, list[str], in
 def letters_use_chat_template(scorer) -> bool:
     """Only a model whose card says instruct is asked through its chat template (a base model's template,
     where it has one, is not what it was pretrained on)."""
-    return scorer.card is not None and scorer.card.is_instruct and bool(scorer.tokenizer.chat_template)
+    return bool(scorer.is_instruct) and bool(scorer.tokenizer.chat_template)
 
 
 def letters_context(scorer, item: Item, lc: float, lw: float) -> tuple[str, list[str], int]:
