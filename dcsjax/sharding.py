@@ -19,7 +19,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 MESH_AXES = ("data", "model")
-RULES: dict[str, str] = {"batch": "data", "vocab": "model", "heads": "model", "kv_heads": "model", "mlp": "model"}
+RULES: dict[str, str] = {"batch": "data", "vocab": "model", "heads": "model", "kv_heads": "model", "mlp": "model",
+                         "experts": "model"}
 
 
 def make_mesh(spec: str | Sequence[int] | Mesh | None) -> Mesh | None:
@@ -48,7 +49,8 @@ def partition_spec(axes: Sequence[str], shape: Sequence[int], mesh: Mesh) -> P:
     spec = []
     for name, size in zip(axes, shape):
         target = RULES.get(name)
-        spec.append(target if target and mesh.shape[target] > 1 and size % mesh.shape[target] == 0 else None)
+        usable = target and target not in spec and mesh.shape[target] > 1 and size % mesh.shape[target] == 0
+        spec.append(target if usable else None)  # a mesh axis splits one dimension of an array at most
     m = mesh.shape["model"]
     heads = {"heads", "kv_heads"} & set(axes)
     if m > 1 and heads and "model" not in spec and "head_dim" in axes:

@@ -31,6 +31,8 @@ FAMILIES = {
     "mistral": ("MistralConfig", dict(sliding_window=None, rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict()),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                         norm_topk_prob=True)),
     "olmo2": ("Olmo2Config", dict()),
     "gemma2": ("Gemma2Config", dict(sliding_window=WINDOW, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
                                     query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh")),
@@ -121,6 +123,11 @@ def test_traits_read_off_the_configs(tmp_path):
     assert configs["smollm3"].rope_layers == (True, True, False, True, True, False)
     assert configs["llama3"].rope_llama3 == (8.0, 1.0, 4.0, 64)
     assert configs["phi3"].architecture == "phi3" and not configs["phi3"].qkv_bias
+    write_tiny("qwen3_moe", tmp_path / "moe")
+    moe = dcsjax.load(tmp_path / "moe", document_start="<|endoftext|>")
+    assert (moe.config.num_experts, moe.config.experts_per_token, moe.config.expert_mlp_size, moe.config.norm_topk) == \
+        (4, 2, 32, True)
+    assert moe.model.layers.expert_gate[...].shape == (6, 4, 64, 32)
 
 
 def test_bfloat16_checkpoint_loads(tmp_path):
@@ -159,23 +166,28 @@ def test_what_the_decoder_does_not_implement_raises_naming_it(tmp_path, change, 
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
-    for family in ("qwen3", "gemma2"):
+    for family in ("qwen3", "gemma2", "qwen3_moe"):
         write_tiny(family, root / family)
     return root
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma2"])
-def test_invariance_bit_identical_across_batching_and_packing(tiny_dirs, family):
+@pytest.mark.parametrize("family", ["qwen3", "gemma2", "qwen3_moe"])
+def test_invariance_across_batching_and_packing(tiny_dirs, family):
+    """Bit-identical for the dense families. Qwen3-MoE within 1e-4 nats per text (measured up to 2.4e-5):
+    XLA's CPU `exp` rounds the router's softmax differently in the last bit at some batch shapes (3.7e-9 on a
+    probability, reproduced on the bare op), and that moves a token's expert weights."""
     from test_invariance import brute_force_scores, check
 
     base = dcsjax.load(tiny_dirs / family, document_start="<|endoftext|>")
     reference = brute_force_scores(base)
     for batch_size, pack, buckets in [(1, False, (64, 128)), (7, True, (64, 128)), (32, True, (128,))]:
-        check(family, batch_size, pack, buckets, base=base, reference=reference)
+        check(family, batch_size, pack, buckets, base=base, reference=reference,
+              tolerance=1e-4 if family == "qwen3_moe" else 0.0)
 
 
 def test_mesh_scores_equal_one_device(tiny_dirs):
-    """Qwen3 (q/k norms per head) and Gemma 2 (soft-caps, local layers) on 2x4 and 8x1 meshes of 8 CPU devices."""
+    """Qwen3 (q/k norms per head), Gemma 2 (soft-caps, local layers) and Qwen3-MoE (experts split over the
+    model axis) on 2x4 and 8x1 meshes of 8 CPU devices."""
     import os
     import subprocess
     import sys
@@ -183,11 +195,11 @@ def test_mesh_scores_equal_one_device(tiny_dirs):
 
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "JAX_PLATFORMS": "cpu"}
     script = Path(__file__).with_name("mesh_check.py")
-    out = subprocess.run([sys.executable, str(script), str(tiny_dirs / "qwen3"), str(tiny_dirs / "gemma2")],
+    out = subprocess.run([sys.executable, str(script), *(str(tiny_dirs / f) for f in ("qwen3", "gemma2", "qwen3_moe"))],
                          env=env, capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     results = [json.loads(line) for line in out.stdout.strip().splitlines()]
-    assert len(results) == 2
+    assert len(results) == 3
     for r in results:
         print(json.dumps(r))
         assert r["devices"] == 8

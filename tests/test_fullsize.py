@@ -36,6 +36,14 @@ PUBLISHED = {  # name: (config.json as published, parameters as published)
         "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 100352, "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-6, "rope_theta": 500000, "tie_word_embeddings": False, "hidden_act": "silu",
         "attention_bias": False}, 7_298_617_344),
+    "Qwen3-30B-A3B": ({
+        "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+        "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+        "hidden_act": "silu", "attention_bias": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+        "router_aux_loss_coef": 0.001, "output_router_logits": False, "sliding_window": None,
+        "use_sliding_window": False, "max_window_layers": 48}, 30_532_122_624),
     "Phi-4": ({
         "model_type": "phi3", "hidden_size": 5120, "intermediate_size": 17920, "num_hidden_layers": 40,
         "num_attention_heads": 40, "num_key_value_heads": 10, "vocab_size": 100352, "max_position_embeddings": 16384,

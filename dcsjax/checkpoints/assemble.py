@@ -19,6 +19,7 @@ from dcsjax.nn.config import DecoderConfig
 from dcsjax.nn.decoder import Decoder, layer_param_shapes
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")  # one expert's (out, in) matrix
 
 
 def _layer_table(c: DecoderConfig) -> dict[str, list[tuple[str, Callable[[np.ndarray], np.ndarray]]]]:
@@ -42,6 +43,12 @@ def _layer_table(c: DecoderConfig) -> dict[str, list[tuple[str, Callable[[np.nda
                                       ("k", lambda w: w[h * k:(h + n) * k].T.reshape(d, n, k)),
                                       ("v", lambda w: w[(h + n) * k:].T.reshape(d, n, k))],
         "mlp.gate_up_proj.weight": [("gate", lambda w: w[:f].T), ("up", lambda w: w[f:].T)],
+        # routed experts (Qwen3-MoE): the router, and every expert's weights as one stacked tensor (the
+        # hub's per-expert tensors are stacked on load, see `_EXPERT`)
+        "mlp.gate.weight": [("router", lambda w: w.T)],
+        "mlp.experts.gate_up_proj": [("expert_gate", lambda w: w[:, :w.shape[1] // 2].transpose(0, 2, 1)),
+                                     ("expert_up", lambda w: w[:, w.shape[1] // 2:].transpose(0, 2, 1))],
+        "mlp.experts.down_proj": [("expert_down", lambda w: w.transpose(0, 2, 1))],
         "self_attn.q_norm.weight": [("q_norm", lambda w: w.reshape(h, k) if c.qk_norm == "projection" else w)],
         "self_attn.k_norm.weight": [("k_norm", lambda w: w.reshape(n, k) if c.qk_norm == "projection" else w)],
     }
@@ -69,12 +76,22 @@ def build_decoder(c: DecoderConfig, tensors: Iterable[tuple[str, np.ndarray]], s
     table = _layer_table(c)
     stacked = {name: np.empty((c.num_layers, *shape), np.float32) for name, (shape, _) in layer_shapes.items()}
     filled = {name: np.zeros(c.num_layers, bool) for name in layer_shapes}
+    expert_filled = np.zeros((c.num_layers, 3, max(c.num_experts, 1)), bool)  # per-expert tensors: layer, part, expert
     top: dict[str, np.ndarray] = {}
 
     for hf_name, w in tensors:
         match = _LAYER.match(hf_name)
         if match:
             layer, rest = int(match.group(1)), match.group(2)
+            expert = _EXPERT.match(rest)
+            if expert and c.num_experts and layer < c.num_layers and int(expert.group(1)) < c.num_experts:
+                e, part = int(expert.group(1)), ("gate", "up", "down").index(expert.group(2))
+                name = f"expert_{expert.group(2)}"
+                _check_shape(source, hf_name, w.T.shape, stacked[name].shape[2:])
+                stacked[name][layer, e] = w.T
+                expert_filled[layer, part, e] = True
+                filled[name][layer] = expert_filled[layer, part].all()
+                continue
             if rest not in table or any(name not in stacked for name, _ in table[rest]) or layer >= c.num_layers:
                 raise CheckpointError(f"{source}: tensor {hf_name} does not fit the {c.architecture} config")
             for name, transform in table[rest]:

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from dcsjax.errors import ConfigError
 
 # Families whose HF configs map onto the one decoder; GGUF files are read for the first two.
-ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3", "mistral", "olmo2", "gemma2", "phi3", "smollm3")
+ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3", "qwen3_moe", "mistral", "olmo2", "gemma2", "phi3", "smollm3")
 NORM_PLACEMENTS = ("pre", "pre+post", "post")
 QK_NORMS = (None, "head", "projection")
 
@@ -51,6 +51,12 @@ class DecoderConfig:
     # Llama 3.x RoPE scaling: (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
     rope_llama3: tuple[float, float, float, int] | None = None
     layer_uses_rope: tuple[bool, ...] = field(default=())  # () = every layer; SmolLM3 has NoPE layers
+    # Routed experts in place of the MLP (Qwen3-MoE): a softmax router picks `experts_per_token` of
+    # `num_experts` SwiGLU experts of width `expert_mlp_size`, weighted by their (renormalised) router mass
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_mlp_size: int = 0
+    norm_topk: bool = False
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -66,6 +72,8 @@ class DecoderConfig:
             raise ConfigError(f"norms must be one of {NORM_PLACEMENTS} and qk_norm one of {QK_NORMS}")
         if self.activation not in ("silu", "gelu_tanh"):
             raise ConfigError(f"activation {self.activation!r} is not implemented")
+        if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
+            raise ConfigError(f"{self.experts_per_token} experts per token of {self.num_experts}")
 
     @property
     def attn_scale(self) -> float:
@@ -82,8 +90,10 @@ class DecoderConfig:
     def flops_per_token(self, mean_context: float) -> float:
         """Forward FLOPs of one token: 2 x the matmul parameters (output head included) + the attention
         scores and mixing over `mean_context` keys (4 x layers x heads x head_dim x context)."""
+        mlp = (3 * self.hidden_size * self.expert_mlp_size * self.experts_per_token + self.hidden_size * self.num_experts
+               if self.num_experts else 3 * self.hidden_size * self.mlp_size)  # routed: the chosen experts' share
         per_layer = self.hidden_size * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim + \
-            self.num_heads * self.head_dim * self.hidden_size + 3 * self.hidden_size * self.mlp_size
+            self.num_heads * self.head_dim * self.hidden_size + mlp
         matmul_params = self.num_layers * per_layer + self.vocab_size * self.hidden_size
         return 2 * matmul_params + 4 * self.num_layers * self.num_heads * self.head_dim * mean_context
 
@@ -151,7 +161,8 @@ def config_from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "GG
 # --------------------------------------------------------------------------------------------------
 
 # HF model_type -> family. Each family's differences are set in `config_from_hf` as DecoderConfig fields.
-_HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "olmo2": "olmo2",
+_HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
+                   "olmo2": "olmo2",
                    "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "smollm3": "smollm3"}
 # Keys that describe bookkeeping, tokens or training, not the forward pass.
 _INERT_HF_KEYS = {
@@ -163,11 +174,12 @@ _INERT_HF_KEYS = {
     "id2label", "label2id", "output_attentions", "output_hidden_states", "return_dict", "problem_type",
     "chunk_size_feed_forward",  # a memory setting of torch's feed-forward; results do not change
     "tie_encoder_decoder", "torchscript", "output_scores", "return_dict_in_generate",
+    "router_aux_loss_coef", "output_router_logits",  # the MoE load-balancing loss of training
 }
-_QK_NORM = {"gemma3": "head", "qwen3": "head", "olmo2": "projection"}
+_QK_NORM = {"gemma3": "head", "qwen3": "head", "qwen3_moe": "head", "olmo2": "projection"}
 _NORMS = {"gemma2": "pre+post", "gemma3": "pre+post", "olmo2": "post"}
 _WHOLE_MODEL_WINDOW = ("mistral", "phi3")  # a sliding_window there applies to every layer
-_WINDOW_IF_ASKED = ("qwen2", "qwen3", "smollm3")  # only with use_sliding_window, on the layers layer_types names
+_WINDOW_IF_ASKED = ("qwen2", "qwen3", "qwen3_moe", "smollm3")  # only with use_sliding_window, on the layers layer_types names
 
 
 def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> DecoderConfig:
@@ -233,6 +245,14 @@ def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> Decod
         raise ConfigError(f"{source}: layer_types={types!r} is not implemented")
     if any(local):
         local_base = local_base if arch == "gemma3" else rope_base
+    experts: dict = {}
+    if arch == "qwen3_moe":  # every layer routed (the published Qwen3-MoE models); mixed stacks would need two scans
+        must_be("decoder_sparse_step", (None, 1))
+        if take("mlp_only_layers", None):
+            raise ConfigError(f"{source}: mlp_only_layers={cfg['mlp_only_layers']!r} is not implemented")
+        experts = dict(num_experts=int(take("num_experts", None) or take("num_local_experts")),
+                       experts_per_token=int(take("num_experts_per_tok")),
+                       expert_mlp_size=int(take("moe_intermediate_size")), norm_topk=bool(take("norm_topk_prob", False)))
     uses_rope: tuple[bool, ...] = ()
     if arch == "smollm3":
         interval = int(take("no_rope_layer_interval", 4))
@@ -249,7 +269,7 @@ def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> Decod
         **(GEMMA_TRAITS if gemma else {}), embed_scale=math.sqrt(hidden) if gemma else 1.0,
         norms=_NORMS.get(arch, "pre"), qk_norm=_QK_NORM.get(arch),
         attn_softcap=caps[0][1], final_softcap=caps[1][1], rope_llama3=llama3,
-        layer_uses_rope=uses_rope if not all(uses_rope) else (),
+        layer_uses_rope=uses_rope if not all(uses_rope) else (), **experts,
     )
     unknown = sorted(set(cfg) - taken - _INERT_HF_KEYS)
     if unknown:

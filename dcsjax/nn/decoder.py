@@ -37,10 +37,16 @@ def layer_param_shapes(c: DecoderConfig) -> dict[str, tuple[tuple[int, ...], tup
         "k": ((d, n, k), ("embed", "kv_heads", "head_dim")),
         "v": ((d, n, k), ("embed", "kv_heads", "head_dim")),
         "o": ((h, k, d), ("heads", "head_dim", "embed")),
-        "gate": ((d, f), ("embed", "mlp")),
-        "up": ((d, f), ("embed", "mlp")),
-        "down": ((f, d), ("mlp", "embed")),
     }
+    if c.num_experts:  # experts first: a mesh's model axis splits the experts
+        e, fe = c.num_experts, c.expert_mlp_size
+        shapes |= {"router": ((d, e), ("embed", "experts")),
+                   "expert_gate": ((e, d, fe), ("experts", "embed", "expert_mlp")),
+                   "expert_up": ((e, d, fe), ("experts", "embed", "expert_mlp")),
+                   "expert_down": ((e, fe, d), ("experts", "expert_mlp", "embed"))}
+    else:
+        shapes |= {"gate": ((d, f), ("embed", "mlp")), "up": ((d, f), ("embed", "mlp")),
+                   "down": ((f, d), ("mlp", "embed"))}
     if c.qkv_bias:
         shapes |= {"q_bias": ((h, k), ("heads", "head_dim")), "k_bias": ((n, k), ("kv_heads", "head_dim")),
                    "v_bias": ((n, k), ("kv_heads", "head_dim"))}
@@ -319,10 +325,43 @@ def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Arr
 
 
 def mlp(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
+    if c.num_experts:
+        return experts(c, p, x)
     gate = dense("btd,df->btf", x, p["gate"])
     up = dense("btd,df->btf", x, p["up"])
     act = jax.nn.gelu(gate, approximate=True) if c.activation == "gelu_tanh" else jax.nn.silu(gate)
     return dense("btf,fd->btd", act * up, p["down"])
+
+
+def experts(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
+    """Routed experts, x [B, T, D] -> [B, T, D]: a softmax router over E experts, the top k of each token
+    weighted by their router mass (renormalised over the k with `norm_topk`). Every expert is computed for
+    every token and the unchosen ones weighted 0: exact for any routing, at E / k times the FLOPs of routed
+    dispatch (a gather-and-scatter kernel is the step for speed). Sums run as dots (`row_sum`), so a
+    token's output does not depend on the batch it is in."""
+    b, t, d = x.shape
+    e, fe = c.num_experts, c.expert_mlp_size
+    logits = dense("btd,de->bte", x.astype(F32), p["router"].astype(F32))  # [B, T, E]
+    z = jnp.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs = z / in_order_sum(z)[..., None]
+    top, index = jax.lax.top_k(probs, c.experts_per_token)  # [B, T, k]
+    if c.norm_topk:
+        top = top / in_order_sum(top)[..., None]
+    weights = (jax.nn.one_hot(index, e, dtype=F32) * top[..., None]).max(axis=-2)  # [B, T, E]: one k per expert
+    gate = dense("btd,df->btf", x, p["expert_gate"].transpose(1, 0, 2).reshape(d, e * fe)).reshape(b, t, e, fe)
+    up = dense("btd,df->btf", x, p["expert_up"].transpose(1, 0, 2).reshape(d, e * fe)).reshape(b, t, e, fe)
+    act = (jax.nn.silu(gate) * up).astype(F32) * weights[..., None]  # [B, T, E, Fe]
+    # one plain matmul over (expert, width), as the dense MLP's down projection
+    return dense("btf,fd->btd", act.reshape(b, t, e * fe), p["expert_down"].astype(F32).reshape(e * fe, d)).astype(x.dtype)
+
+
+def in_order_sum(x: jax.Array) -> jax.Array:
+    """Sum over a short last axis (experts), added one entry after another: the same order at any batch
+    shape, where a reduction's vectorisation changes with it."""
+    total = x[..., 0]
+    for i in range(1, x.shape[-1]):
+        total = total + x[..., i]
+    return total
 
 
 def decoder_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, cache=None):
