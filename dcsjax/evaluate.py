@@ -21,7 +21,6 @@ from dcsjax.errors import ConfigError, InputError
 from dcsjax.metrics.bootstrap import mean_ci
 
 PROTOCOLS = ("aps", "mcqa", "apx", "dcs", "dcs-letters")
-DCS_PROTOCOLS = ("dcs", "dcs-letters")
 CHUNK = 32  # items per write: small enough to lose little on a kill, large enough to fill batches
 OPTION_ORDER = "source"  # options are scored in the order the source lists them
 
@@ -96,7 +95,10 @@ def task_identity(card, items, statements_file: Path | None) -> dict:
 
     rows = [[i.id, i.question, list(i.choices), list(i.correct), i.statements and list(i.statements), i.idk]
             for i in items]
-    identity = {"card": asdict(card), "items": results.digest(rows, 32)}
+    card_fields = asdict(card)
+    if card.source.startswith("jsonl:"):  # a local file is known by its items, not by how its path was spelled
+        card_fields.pop("source")
+    identity = {"card": card_fields, "items": results.digest(rows, 32)}
     if statements_file is not None:
         identity["statements_file"] = sha256_file(statements_file)
     return identity

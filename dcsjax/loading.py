@@ -64,7 +64,7 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
         if base is not None and card is None:
             card = model_card(base)
         model, tokenizer = _load_hf_dir(path, DTYPES[dtype], mesh)
-        identity = hub or {"hf_dir": str(path.resolve())}
+        identity = hub or {"hf_dir": path.name}  # the digest, not where the folder lies, says what it holds
         identity = {**identity, "sha256": hf_dir_digest(path)}
     elif path.suffix == ".gguf" or path.is_file():
         model, tokenizer, digest = _load_gguf(path, DTYPES[dtype], mesh, card.sha256 if card is not None else None)

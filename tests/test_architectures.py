@@ -4,8 +4,8 @@ No weights of these families are reachable from this machine, so each is a tiny 
 `AutoModelForCausalLM.from_config` (weights drawn larger than the init so that errors show), saved with
 `save_pretrained`, loaded by `dcsjax.load(dir)` and compared per token with transformers on the same
 weights: float32 log-probs within 1e-4 on a text several times longer than any sliding window. Each
-directory is read in transformers 5's config spelling (`rope_parameters`, as saved) and in transformers 4's
-(`rope_theta` + `rope_scaling`, what the published hub configs say). SmolLM2 and Gemma 3 keep their
+directory's config is read in transformers 5's spelling (`rope_parameters`, as saved) and in transformers 4's
+(`rope_theta` + `rope_scaling`, what the published hub configs say), into the same config. SmolLM2 and Gemma 3 keep their
 real-weight parity tests (`test_parity.py`).
 """
 
@@ -93,21 +93,26 @@ def reference_logprobs(model, ids: list[int]) -> np.ndarray:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_family_matches_transformers_in_both_config_spellings(family, tmp_path):
+    from dcsjax.checkpoints.hf_dir import hf_config
+    from dcsjax.nn.config import config_from_hf
+
     model = write_tiny(family, tmp_path / "v5")
+    scorer = dcsjax.load(tmp_path / "v5", document_start="<|endoftext|>")
+    assert scorer.config.architecture == {"llama3": "llama"}.get(family, family)
+    text = PASSAGE[:1500]
+    (ids,) = scorer.encode([text])
+    assert len(ids) > 8 * WINDOW
+    ours = scorer.token_logprobs([text])[0]
+    want = reference_logprobs(model, [scorer.document_start_id, *ids])
+    diff = np.abs(ours - want).max()
+    print(f"{family}: {len(ids)} tokens, max |difference| {diff:.2e} nats, mean log-prob {want.mean():.2f}")
+    assert diff < 1e-4, (family, diff)
+    # the same directory in transformers 4's spelling reads into the very same config (same tensors, so
+    # the same scores)
     shutil.copytree(tmp_path / "v5", tmp_path / "v4")
     v4_spelling(tmp_path / "v4")
-    for spelling in ("v5", "v4"):
-        scorer = dcsjax.load(tmp_path / spelling, document_start="<|endoftext|>")
-        assert scorer.config.architecture == {"llama3": "llama"}.get(family, family)
-        text = PASSAGE[:1500]
-        (ids,) = scorer.encode([text])
-        assert len(ids) > 8 * WINDOW
-        ours = scorer.token_logprobs([text])[0]
-        want = reference_logprobs(model, [scorer.document_start_id, *ids])
-        diff = np.abs(ours - want).max()
-        print(f"{family} ({spelling} config): {len(ids)} tokens, max |difference| {diff:.2e} nats, "
-              f"mean log-prob {want.mean():.2f}")
-        assert diff < 1e-4, (family, spelling, diff)
+    assert "rope_parameters" not in hf_config(tmp_path / "v4")
+    assert config_from_hf(hf_config(tmp_path / "v4")) == scorer.config
 
 
 def test_traits_read_off_the_configs(tmp_path):

@@ -19,8 +19,8 @@ FILES = ["config.json", "generation_config.json", "*.safetensors", "*.safetensor
 
 
 def is_hub_id(text: str) -> bool:
-    """`org/name[@revision]` that is not a local path."""
-    return bool(HUB_ID.match(text)) and not Path(text.split("@")[0]).exists()
+    """`org/name[@revision]` that is not a local path (nor a .gguf file's)."""
+    return bool(HUB_ID.match(text)) and not text.endswith(".gguf") and not Path(text.split("@")[0]).exists()
 
 
 def hub_snapshot(hub_id: str) -> tuple[Path, dict]:
