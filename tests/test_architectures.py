@@ -23,6 +23,8 @@ from dcsjax.fetch import fetch_model
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False)
 WINDOW = 32  # tokens; the test text is several hundred
+FALCON_TINY = dict(hidden_size=64, ffn_hidden_size=128, num_hidden_layers=6, num_attention_heads=4,
+                   max_position_embeddings=2048, layer_norm_epsilon=1e-5, tie_word_embeddings=False)
 
 FAMILIES = {
     "llama3": ("LlamaConfig", dict(rope_parameters={"rope_type": "llama3", "rope_theta": 500_000.0, "factor": 8.0,
@@ -39,6 +41,8 @@ FAMILIES = {
     "gemma3": ("Gemma3TextConfig", dict(sliding_window=WINDOW, query_pre_attn_scalar=24)),
     "phi3": ("Phi3Config", dict(sliding_window=None, pad_token_id=0)),
     "smollm3": ("SmolLM3Config", dict(no_rope_layer_interval=3, pad_token_id=0)),
+    "falcon7b": ("FalconConfig", dict(multi_query=True, new_decoder_architecture=False, parallel_attn=True)),
+    "falcon40b": ("FalconConfig", dict(new_decoder_architecture=True, num_kv_heads=2, parallel_attn=True)),
 }
 
 
@@ -49,12 +53,14 @@ def write_tiny(family: str, directory, dtype=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     class_name, extra = FAMILIES[family]
-    config = getattr(transformers, class_name)(**{**TINY, **extra, "vocab_size": 49152})
+    base = FALCON_TINY if class_name == "FalconConfig" else TINY
+    config = getattr(transformers, class_name)(**{**base, **extra, "vocab_size": 49152})
     torch.manual_seed(sum(map(ord, family)))
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:  # norms near 1 (Gemma's near 0: it scales by 1 + w), each entry different
+            if ("norm" in name or "ln_" in name) and name.endswith("weight"):  # norms near 1 (Gemma's near 0:
+                # it scales by 1 + w), each entry different; LayerNorm biases fall to the 1-D case below
                 p.copy_((0.0 if "gemma" in family else 1.0) + 0.2 * torch.randn_like(p))
             else:
                 p.normal_(0.0, 0.2 if p.ndim > 1 else 0.1)
@@ -98,7 +104,7 @@ def test_family_matches_transformers_in_both_config_spellings(family, tmp_path):
 
     model = write_tiny(family, tmp_path / "v5")
     scorer = dcsjax.load(tmp_path / "v5", document_start="<|endoftext|>")
-    assert scorer.config.architecture == {"llama3": "llama"}.get(family, family)
+    assert scorer.config.architecture == {"llama3": "llama", "falcon7b": "falcon", "falcon40b": "falcon"}.get(family, family)
     text = PASSAGE[:1500]
     (ids,) = scorer.encode([text])
     assert len(ids) > 8 * WINDOW
@@ -118,7 +124,7 @@ def test_family_matches_transformers_in_both_config_spellings(family, tmp_path):
 def test_traits_read_off_the_configs(tmp_path):
     """Each family's traits land in the named fields, not in a family switch."""
     configs = {}
-    for family in ("gemma2", "olmo2", "smollm3", "llama3", "phi3"):
+    for family in ("gemma2", "olmo2", "smollm3", "llama3", "phi3", "falcon7b", "falcon40b"):
         write_tiny(family, tmp_path / family)
         configs[family] = dcsjax.load(tmp_path / family, document_start="<|endoftext|>").config
     g2 = configs["gemma2"]
@@ -128,6 +134,9 @@ def test_traits_read_off_the_configs(tmp_path):
     assert configs["smollm3"].rope_layers == (True, True, False, True, True, False)
     assert configs["llama3"].rope_llama3 == (8.0, 1.0, 4.0, 64)
     assert configs["phi3"].architecture == "phi3" and not configs["phi3"].qkv_bias
+    f7, f40 = configs["falcon7b"], configs["falcon40b"]
+    assert (f7.norm_type, f7.norms, f7.parallel_block, f7.gated_mlp, f7.num_kv_heads) == ("layer", "shared", True, False, 1)
+    assert (f40.norms, f40.num_kv_heads, f40.activation) == ("pre", 2, "gelu")
     write_tiny("qwen3_moe", tmp_path / "moe")
     moe = dcsjax.load(tmp_path / "moe", document_start="<|endoftext|>")
     assert (moe.config.num_experts, moe.config.experts_per_token, moe.config.expert_mlp_size, moe.config.norm_topk) == \

@@ -44,6 +44,12 @@ PUBLISHED = {  # name: (config.json as published, parameters as published)
         "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
         "router_aux_loss_coef": 0.001, "output_router_logits": False, "sliding_window": None,
         "use_sliding_window": False, "max_window_layers": 48}, 30_532_122_624),
+    "Falcon-7B": ({
+        "model_type": "falcon", "hidden_size": 4544, "num_hidden_layers": 32, "num_attention_heads": 71,
+        "vocab_size": 65024, "layer_norm_epsilon": 1e-5, "multi_query": True, "parallel_attn": True, "bias": False,
+        "alibi": False, "new_decoder_architecture": False, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+        "bos_token_id": 11, "eos_token_id": 11, "max_position_embeddings": 2048, "rope_theta": 10000.0},
+        6_921_720_704),
     "Phi-4": ({
         "model_type": "phi3", "hidden_size": 5120, "intermediate_size": 17920, "num_hidden_layers": 40,
         "num_attention_heads": 40, "num_key_value_heads": 10, "vocab_size": 100352, "max_position_embeddings": 16384,

@@ -18,37 +18,24 @@ from dcsjax.errors import CheckpointError
 from dcsjax.nn.config import DecoderConfig
 from dcsjax.nn.decoder import Decoder, layer_param_shapes
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_LAYER = re.compile(r"^(?:model\.layers|transformer\.h)\.(\d+)\.(.+)$")  # Falcon's layers are transformer.h.N
 _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")  # one expert's (out, in) matrix
 
 
 def _layer_table(c: DecoderConfig) -> dict[str, list[tuple[str, Callable[[np.ndarray], np.ndarray]]]]:
     """HF per-layer name -> [(our parameter, transform from torch's (out, in) layout to ours)]: one entry,
-    or several for a fused tensor (Phi-3's qkv_proj and gate_up_proj)."""
-    d, h, n, k, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.mlp_size
+    or several for a fused tensor. The names every family shares, then the family's own (`_FAMILY_TABLES`):
+    a name means one thing in one family, and an export writes the family's names only."""
+    d, h, n, k = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
     same = lambda w: w  # noqa: E731
     table = {
         "self_attn.q_proj.weight": [("q", lambda w: w.T.reshape(d, h, k))],
         "self_attn.k_proj.weight": [("k", lambda w: w.T.reshape(d, n, k))],
         "self_attn.v_proj.weight": [("v", lambda w: w.T.reshape(d, n, k))],
-        "self_attn.q_proj.bias": [("q_bias", lambda w: w.reshape(h, k))],
-        "self_attn.k_proj.bias": [("k_bias", lambda w: w.reshape(n, k))],
-        "self_attn.v_proj.bias": [("v_bias", lambda w: w.reshape(n, k))],
         "self_attn.o_proj.weight": [("o", lambda w: w.T.reshape(h, k, d))],
         "mlp.gate_proj.weight": [("gate", lambda w: w.T)],
         "mlp.up_proj.weight": [("up", lambda w: w.T)],
         "mlp.down_proj.weight": [("down", lambda w: w.T)],
-        # Phi-3: q, k and v stacked in one projection, gate and up in another
-        "self_attn.qkv_proj.weight": [("q", lambda w: w[:h * k].T.reshape(d, h, k)),
-                                      ("k", lambda w: w[h * k:(h + n) * k].T.reshape(d, n, k)),
-                                      ("v", lambda w: w[(h + n) * k:].T.reshape(d, n, k))],
-        "mlp.gate_up_proj.weight": [("gate", lambda w: w[:f].T), ("up", lambda w: w[f:].T)],
-        # routed experts (Qwen3-MoE): the router, and every expert's weights as one stacked tensor (the
-        # hub's per-expert tensors are stacked on load, see `_EXPERT`)
-        "mlp.gate.weight": [("router", lambda w: w.T)],
-        "mlp.experts.gate_up_proj": [("expert_gate", lambda w: w[:, :w.shape[1] // 2].transpose(0, 2, 1)),
-                                     ("expert_up", lambda w: w[:, w.shape[1] // 2:].transpose(0, 2, 1))],
-        "mlp.experts.down_proj": [("expert_down", lambda w: w.transpose(0, 2, 1))],
         "self_attn.q_norm.weight": [("q_norm", lambda w: w.reshape(h, k) if c.qk_norm == "projection" else w)],
         "self_attn.k_norm.weight": [("k_norm", lambda w: w.reshape(n, k) if c.qk_norm == "projection" else w)],
     }
@@ -61,10 +48,60 @@ def _layer_table(c: DecoderConfig) -> dict[str, list[tuple[str, Callable[[np.nda
                   "post_attention_layernorm.weight": [("post_attn_norm", same)],
                   "pre_feedforward_layernorm.weight": [("mlp_norm", same)],
                   "post_feedforward_layernorm.weight": [("post_mlp_norm", same)]}
-    else:  # "post" (OLMo-2)
+    elif c.norms == "post":  # OLMo-2
         table |= {"post_attention_layernorm.weight": [("post_attn_norm", same)],
                   "post_feedforward_layernorm.weight": [("post_mlp_norm", same)]}
-    return table
+    family = _FAMILY_TABLES.get(c.architecture)
+    return table | (family(c) if family else {})
+
+
+def _qwen2_table(c: DecoderConfig) -> dict:
+    h, n, k = c.num_heads, c.num_kv_heads, c.head_dim
+    return {"self_attn.q_proj.bias": [("q_bias", lambda w: w.reshape(h, k))],
+            "self_attn.k_proj.bias": [("k_bias", lambda w: w.reshape(n, k))],
+            "self_attn.v_proj.bias": [("v_bias", lambda w: w.reshape(n, k))]}
+
+
+def _phi3_table(c: DecoderConfig) -> dict:
+    """q, k and v stacked in one projection, gate and up in another."""
+    d, h, n, k, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.mlp_size
+    return {"self_attn.qkv_proj.weight": [("q", lambda w: w[:h * k].T.reshape(d, h, k)),
+                                          ("k", lambda w: w[h * k:(h + n) * k].T.reshape(d, n, k)),
+                                          ("v", lambda w: w[(h + n) * k:].T.reshape(d, n, k))],
+            "mlp.gate_up_proj.weight": [("gate", lambda w: w[:f].T), ("up", lambda w: w[f:].T)]}
+
+
+def _qwen3_moe_table(c: DecoderConfig) -> dict:
+    """The router, and every expert's weights as one stacked tensor (transformers 5's layout; the hub's
+    per-expert tensors are stacked on load, see `_EXPERT`)."""
+    return {"mlp.gate.weight": [("router", lambda w: w.T)],
+            "mlp.experts.gate_up_proj": [("expert_gate", lambda w: w[:, :w.shape[1] // 2].transpose(0, 2, 1)),
+                                         ("expert_up", lambda w: w[:, w.shape[1] // 2:].transpose(0, 2, 1))],
+            "mlp.experts.down_proj": [("expert_down", lambda w: w.transpose(0, 2, 1))]}
+
+
+def _falcon_table(c: DecoderConfig) -> dict:
+    """`transformer.h.N.` layers; q/k/v fused by KV group (each group's query heads, then its key and value
+    head: Falcon-7B's multi-query layout is the one-group case); LayerNorms with biases."""
+    d, h, n, k = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+    g = h // n
+    same = lambda w: w  # noqa: E731
+    grouped = lambda w: w.reshape(n, g + 2, k, d)  # noqa: E731
+    return {
+        "self_attention.query_key_value.weight": [
+            ("q", lambda w: grouped(w)[:, :g].reshape(h * k, d).T.reshape(d, h, k)),
+            ("k", lambda w: grouped(w)[:, g].reshape(n * k, d).T.reshape(d, n, k)),
+            ("v", lambda w: grouped(w)[:, g + 1].reshape(n * k, d).T.reshape(d, n, k))],
+        "self_attention.dense.weight": [("o", lambda w: w.T.reshape(h, k, d))],
+        "mlp.dense_h_to_4h.weight": [("up", lambda w: w.T)],
+        "mlp.dense_4h_to_h.weight": [("down", lambda w: w.T)],
+        "input_layernorm.weight": [("attn_norm", same)], "input_layernorm.bias": [("attn_norm_bias", same)],
+        "ln_attn.weight": [("attn_norm", same)], "ln_attn.bias": [("attn_norm_bias", same)],
+        "ln_mlp.weight": [("mlp_norm", same)], "ln_mlp.bias": [("mlp_norm_bias", same)],
+    }
+
+
+_FAMILY_TABLES = {"qwen2": _qwen2_table, "phi3": _phi3_table, "qwen3_moe": _qwen3_moe_table, "falcon": _falcon_table}
 
 
 def build_decoder(c: DecoderConfig, tensors: Iterable[tuple[str, np.ndarray]], source: str,
@@ -101,10 +138,12 @@ def build_decoder(c: DecoderConfig, tensors: Iterable[tuple[str, np.ndarray]], s
                     raise CheckpointError(f"{source}: tensor {hf_name} fills layer {layer} {name} a second time")
                 stacked[name][layer] = value
                 filled[name][layer] = True
-        elif hf_name == "model.embed_tokens.weight":
+        elif hf_name in ("model.embed_tokens.weight", "transformer.word_embeddings.weight"):
             top["embed"] = w
-        elif hf_name == "model.norm.weight":
+        elif hf_name in ("model.norm.weight", "transformer.ln_f.weight"):
             top["final_norm"] = w
+        elif hf_name == "transformer.ln_f.bias" and c.norm_type == "layer":
+            top["final_norm_bias"] = w
         elif hf_name == "lm_head.weight":
             if c.tie_embeddings:
                 continue  # some tied checkpoints store the shared matrix twice
@@ -113,7 +152,8 @@ def build_decoder(c: DecoderConfig, tensors: Iterable[tuple[str, np.ndarray]], s
             raise CheckpointError(f"{source}: tensor {hf_name} does not fit the {c.architecture} config")
 
     missing = [f"layer {i} {name}" for name, ok in filled.items() for i in np.flatnonzero(~ok)]
-    needed = ["embed", "final_norm"] + ([] if c.tie_embeddings else ["unembed"])
+    needed = ["embed", "final_norm"] + ([] if c.tie_embeddings else ["unembed"]) + \
+        (["final_norm_bias"] if c.norm_type == "layer" else [])
     missing += [name for name in needed if name not in top]
     if missing:
         raise CheckpointError(f"{source}: missing tensors: {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""))

@@ -14,8 +14,9 @@ from typing import Any, Mapping
 from dcsjax.errors import ConfigError
 
 # Families whose HF configs map onto the one decoder; GGUF files are read for the first two.
-ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3", "qwen3_moe", "mistral", "olmo2", "gemma2", "phi3", "smollm3")
-NORM_PLACEMENTS = ("pre", "pre+post", "post")
+ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3", "qwen3_moe", "mistral", "olmo2", "gemma2", "phi3", "smollm3",
+                 "falcon")
+NORM_PLACEMENTS = ("pre", "pre+post", "post", "shared")
 QK_NORMS = (None, "head", "projection")
 
 
@@ -44,7 +45,12 @@ class DecoderConfig:
     activation: str = "silu"  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
     norm_offset: float = 0.0  # RMSNorm scales by (norm_offset + w): Gemma's is 1
     embed_scale: float = 1.0  # the embeddings are multiplied by it: Gemma's sqrt(hidden_size)
-    norms: str = "pre"  # "pre" (Llama), "pre+post" (Gemma 2/3: around attention and MLP), "post" (OLMo-2)
+    # "pre" (Llama), "pre+post" (Gemma 2/3: around attention and MLP), "post" (OLMo-2), "shared" (Falcon-7B:
+    # one norm feeding attention and MLP side by side)
+    norms: str = "pre"
+    norm_type: str = "rms"  # "rms", or "layer" (LayerNorm with a bias: Falcon)
+    parallel_block: bool = False  # Falcon: x + attention(norm(x)) + mlp(norm(x)) instead of one after the other
+    gated_mlp: bool = True  # SwiGLU/GeGLU; False: down(act(up(x))) (Falcon)
     qk_norm: str | None = None  # RMSNorm of queries and keys: per "head" (Gemma 3, Qwen3), whole "projection" (OLMo-2)
     attn_softcap: float | None = None  # Gemma 2: scores -> cap * tanh(scores / cap)
     final_softcap: float | None = None  # Gemma 2: logits -> cap * tanh(logits / cap)
@@ -70,7 +76,9 @@ class DecoderConfig:
             raise ConfigError("local layers need sliding_window and local_rope_base")
         if self.norms not in NORM_PLACEMENTS or self.qk_norm not in QK_NORMS:
             raise ConfigError(f"norms must be one of {NORM_PLACEMENTS} and qk_norm one of {QK_NORMS}")
-        if self.activation not in ("silu", "gelu_tanh"):
+        if self.norm_type not in ("rms", "layer") or (self.norms == "shared" and not self.parallel_block):
+            raise ConfigError(f"norm_type {self.norm_type!r} / norms {self.norms!r} is not implemented")
+        if self.activation not in ("silu", "gelu_tanh", "gelu"):
             raise ConfigError(f"activation {self.activation!r} is not implemented")
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
             raise ConfigError(f"{self.experts_per_token} experts per token of {self.num_experts}")
@@ -163,7 +171,7 @@ def config_from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "GG
 # HF model_type -> family. Each family's differences are set in `config_from_hf` as DecoderConfig fields.
 _HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
                    "olmo2": "olmo2",
-                   "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "smollm3": "smollm3"}
+                   "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "smollm3": "smollm3", "falcon": "falcon"}
 # Keys that describe bookkeeping, tokens or training, not the forward pass.
 _INERT_HF_KEYS = {
     "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "bos_token_id",
@@ -175,6 +183,7 @@ _INERT_HF_KEYS = {
     "chunk_size_feed_forward",  # a memory setting of torch's feed-forward; results do not change
     "tie_encoder_decoder", "torchscript", "output_scores", "return_dict_in_generate",
     "router_aux_loss_coef", "output_router_logits",  # the MoE load-balancing loss of training
+    "hidden_dropout",
 }
 _QK_NORM = {"gemma3": "head", "qwen3": "head", "qwen3_moe": "head", "olmo2": "projection"}
 _NORMS = {"gemma2": "pre+post", "gemma3": "pre+post", "olmo2": "post"}
@@ -190,6 +199,8 @@ def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> Decod
     if model_type not in _HF_MODEL_TYPES:
         raise ConfigError(f"{source}: model_type {model_type!r} is not supported ({sorted(_HF_MODEL_TYPES)})")
     arch = _HF_MODEL_TYPES[model_type]
+    if arch == "falcon":
+        cfg = _falcon_as_common(cfg, source)
     gemma = arch in ("gemma2", "gemma3")
     taken: set[str] = set()
 
@@ -267,7 +278,8 @@ def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> Decod
         local_rope_base=local_base if any(local) else None, layer_is_local=local if any(local) else (),
         query_pre_attn_scalar=float(take("query_pre_attn_scalar", head_dim)) if gemma else None,
         **(GEMMA_TRAITS if gemma else {}), embed_scale=math.sqrt(hidden) if gemma else 1.0,
-        norms=_NORMS.get(arch, "pre"), qk_norm=_QK_NORM.get(arch),
+        norms=take("_falcon_norms", None) or _NORMS.get(arch, "pre"), qk_norm=_QK_NORM.get(arch),
+        **(dict(norm_type="layer", parallel_block=True, gated_mlp=False, activation="gelu") if arch == "falcon" else {}),
         attn_softcap=caps[0][1], final_softcap=caps[1][1], rope_llama3=llama3,
         layer_uses_rope=uses_rope if not all(uses_rope) else (), **experts,
     )
@@ -304,3 +316,33 @@ def _hf_rope(take, arch: str, source: str) -> tuple[float, float, tuple | None]:
     base = float(per_type.get("full_attention", {}).get("rope_theta", base))
     local = float(per_type.get("sliding_attention", {}).get("rope_theta", local))
     return base, local, llama3
+
+
+def _falcon_as_common(cfg: dict, source: str) -> dict:
+    """Falcon's config in the common spelling, its traits as the `_falcon_*` keys `config_from_hf` reads.
+    Falcon-7B: multi-query, attention and MLP side by side on one LayerNorm; Falcon-40B (the "new decoder
+    architecture"): grouped KV heads, a LayerNorm each. Both: LayerNorm with bias, a plain GELU MLP."""
+    cfg = dict(cfg)
+    if cfg.pop("alibi", False):
+        raise ConfigError(f"{source}: alibi=True is not implemented (Falcon-RW); rotary Falcon only")
+    if cfg.pop("bias", False):
+        raise ConfigError(f"{source}: bias=True is not implemented")
+    new_arch = bool(cfg.pop("new_decoder_architecture", False))
+    multi_query = bool(cfg.pop("multi_query", True))
+    parallel = bool(cfg.pop("parallel_attn", True))
+    lns = cfg.pop("num_ln_in_parallel_attn", None) or (2 if new_arch else 1)
+    heads = int(cfg["num_attention_heads"])
+    kv = cfg.pop("num_kv_heads", None)
+    if not new_arch and not multi_query:
+        raise ConfigError(f"{source}: multi_query=False without new_decoder_architecture (per-head interleaved "
+                          "q/k/v) is not implemented")
+    if not parallel:
+        raise ConfigError(f"{source}: parallel_attn=False is not implemented")
+    act = cfg.pop("activation", "gelu")
+    if act != "gelu":
+        raise ConfigError(f"{source}: activation={act!r} is not implemented")
+    hidden = int(cfg["hidden_size"])
+    cfg.update(num_key_value_heads=int(kv or heads) if new_arch else 1, rms_norm_eps=cfg.pop("layer_norm_epsilon", 1e-5),
+               intermediate_size=cfg.pop("ffn_hidden_size", None) or 4 * hidden,
+               _falcon_norms="pre" if lns == 2 else "shared")
+    return cfg

@@ -1,9 +1,10 @@
-"""One Flax NNX decoder for every family dcsjax loads (Llama 2/3, Mistral, Qwen2/2.5/3, OLMo-2, Gemma 2/3,
-Phi-3/4, SmolLM2/3).
+"""One Flax NNX decoder for every family dcsjax loads (Llama 2/3, Mistral, Qwen2/2.5/3 and Qwen3-MoE, OLMo-2,
+Gemma 2/3, Phi-3/4, SmolLM2/3, Falcon).
 
 The families differ in a handful of traits, each a named field of `DecoderConfig`: embedding scale, RMSNorm
-offset (1 + w), where the norms sit (pre, pre+post, post), q/k norms per head or over the projection, biases,
-GeGLU or SwiGLU, soft-capped scores and logits, Llama 3 RoPE scaling, layers without RoPE, and sliding-window
+offset (1 + w) or LayerNorm, where the norms sit (pre, pre+post, post, shared), q/k norms per head or over
+the projection, biases, GeGLU, SwiGLU or a plain GELU MLP, routed experts, attention and MLP in sequence or
+side by side, soft-capped scores and logits, Llama 3 RoPE scaling, layers without RoPE, and sliding-window
 local layers (own RoPE base). Writing them as switches on one block keeps attention, RoPE and masking in
 one place instead of a near-copy per family.
 
@@ -45,19 +46,25 @@ def layer_param_shapes(c: DecoderConfig) -> dict[str, tuple[tuple[int, ...], tup
                    "expert_up": ((e, d, fe), ("experts", "embed", "expert_mlp")),
                    "expert_down": ((e, fe, d), ("experts", "expert_mlp", "embed"))}
     else:
-        shapes |= {"gate": ((d, f), ("embed", "mlp")), "up": ((d, f), ("embed", "mlp")),
-                   "down": ((f, d), ("mlp", "embed"))}
+        shapes |= {"up": ((d, f), ("embed", "mlp")), "down": ((f, d), ("mlp", "embed"))}
+        if c.gated_mlp:
+            shapes["gate"] = ((d, f), ("embed", "mlp"))
     if c.qkv_bias:
         shapes |= {"q_bias": ((h, k), ("heads", "head_dim")), "k_bias": ((n, k), ("kv_heads", "head_dim")),
                    "v_bias": ((n, k), ("kv_heads", "head_dim"))}
+    if c.norms in ("pre", "pre+post", "shared"):
+        shapes["attn_norm"] = ((d,), ("embed",))
     if c.norms in ("pre", "pre+post"):
-        shapes |= {"attn_norm": ((d,), ("embed",)), "mlp_norm": ((d,), ("embed",))}
+        shapes["mlp_norm"] = ((d,), ("embed",))
     if c.norms in ("pre+post", "post"):
         shapes |= {"post_attn_norm": ((d,), ("embed",)), "post_mlp_norm": ((d,), ("embed",))}
     if c.qk_norm == "head":
         shapes |= {"q_norm": ((k,), ("head_dim",)), "k_norm": ((k,), ("head_dim",))}
     elif c.qk_norm == "projection":
         shapes |= {"q_norm": ((h, k), ("heads", "head_dim")), "k_norm": ((n, k), ("kv_heads", "head_dim"))}
+    if c.norm_type == "layer":  # LayerNorm's bias, beside each of the block's norms (q/k norms are RMS)
+        shapes |= {f"{name}_bias": shapes[name] for name in ("attn_norm", "mlp_norm", "post_attn_norm",
+                                                             "post_mlp_norm") if name in shapes}
     return shapes
 
 
@@ -88,6 +95,8 @@ class Decoder(nnx.Module):
             self.unembed = nnx.Param(
                 0.02 * jax.random.normal(rngs.params(), (c.vocab_size, c.hidden_size), dtype), axes=("vocab", "embed"))
         self.final_norm = nnx.Param(jnp.full((c.hidden_size,), 1.0 - c.norm_offset, dtype), axes=("embed",))
+        if c.norm_type == "layer":
+            self.final_norm_bias = nnx.Param(jnp.zeros((c.hidden_size,), dtype), axes=("embed",))
         self.layers = Layers(c, dtype, rngs)
 
     @property
@@ -106,8 +115,13 @@ class Decoder(nnx.Module):
         c = self.config
         x, kv = run_blocks(c, self.layers.arrays(), layer_flags(c), self.embed_tokens(tokens),
                            positions, segment_ids, attend_to, remat=remat, return_kv=return_kv)
-        hidden = rms_norm(x, self.final_norm[...], c.rms_eps, c.norm_offset)
+        hidden = self.final(x)
         return (hidden, kv) if return_kv else hidden
+
+    def final(self, x: jax.Array) -> jax.Array:
+        """The final norm of the residual stream x [..., D]."""
+        bias = self.final_norm_bias[...] if self.config.norm_type == "layer" else None
+        return normalize(self.config, x, self.final_norm[...], bias)
 
     def embed_tokens(self, tokens: jax.Array) -> jax.Array:
         """tokens [B, T] -> the residual stream's input [B, T, D]."""
@@ -141,7 +155,7 @@ class Decoder(nnx.Module):
             return x, (k_cache, v_cache)
 
         x, (cache_k, cache_v) = jax.lax.scan(block, x, (self.layers.arrays(), layer_flags(c), cache_k, cache_v))
-        return rms_norm(x, self.final_norm[...], c.rms_eps, c.norm_offset)[:, 0], cache_k, cache_v
+        return self.final(x)[:, 0], cache_k, cache_v
 
 
 def run_blocks(c: DecoderConfig, params: dict[str, jax.Array], flags: "LayerFlags", x: jax.Array,
@@ -260,6 +274,17 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float, offset: float) -> jax.Array
     return (y * (offset + w.astype(F32))).astype(x.dtype)
 
 
+def normalize(c: DecoderConfig, x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
+    """The family's norm over the last axis: RMSNorm, or LayerNorm with its bias (Falcon). Means taken as
+    dots (`row_sum`), as in RMSNorm, so a row's result does not depend on its batch."""
+    if c.norm_type == "rms":
+        return rms_norm(x, w, c.rms_eps, c.norm_offset)
+    xf = x.astype(F32)
+    centred = xf - row_sum(xf)[..., None] / x.shape[-1]
+    y = centred * jax.lax.rsqrt(row_sum(centred * centred)[..., None] / x.shape[-1] + c.rms_eps)
+    return (y * (c.norm_offset + w.astype(F32)) + b.astype(F32)).astype(x.dtype)
+
+
 def softcap(x: jax.Array, cap: float | None) -> jax.Array:
     """cap * tanh(x / cap) (Gemma 2's scores and logits); x itself without a cap."""
     return x if cap is None else jnp.tanh(x / cap) * cap
@@ -327,6 +352,8 @@ def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Arr
 def mlp(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
     if c.num_experts:
         return experts(c, p, x)
+    if not c.gated_mlp:  # Falcon: down(gelu(up(x)))
+        return dense("btf,fd->btd", jax.nn.gelu(dense("btd,df->btf", x, p["up"]), approximate=False), p["down"])
     gate = dense("btd,df->btf", x, p["gate"])
     up = dense("btd,df->btf", x, p["up"])
     act = jax.nn.gelu(gate, approximate=True) if c.activation == "gelu_tanh" else jax.nn.silu(gate)
@@ -366,14 +393,22 @@ def in_order_sum(x: jax.Array) -> jax.Array:
 
 def decoder_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, cache=None):
     """-> (x [B, T, D], this layer's (keys, values)). Norms before each part ("pre"), before and after
-    ("pre+post"), or after only ("post")."""
+    ("pre+post"), after only ("post"), or one before both ("shared"); the parts one after the other, or side by
+    side (`parallel_block`, Falcon)."""
     def norm(y, w):
-        return rms_norm(y, p[w], c.rms_eps, c.norm_offset) if w in p else y
+        return block_norm(c, p, y, w)
 
     h, kv = attention(c, p, norm(x, "attn_norm"), rope, mask, cache)
+    if c.parallel_block:
+        return x + (mlp(c, p, norm(x, "mlp_norm" if "mlp_norm" in p else "attn_norm")) + h), kv
     x = x + norm(h, "post_attn_norm")
     h = mlp(c, p, norm(x, "mlp_norm"))
     return x + norm(h, "post_mlp_norm"), kv
+
+
+def block_norm(c: DecoderConfig, p: dict, y: jax.Array, name: str) -> jax.Array:
+    """The block's norm `name` applied to y, or y itself where the family has no such norm."""
+    return normalize(c, y, p[name], p.get(f"{name}_bias")) if name in p else y
 
 
 def readout_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, last: jax.Array) -> jax.Array:
@@ -381,8 +416,7 @@ def readout_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax
     position, the query, attention output and MLP at `last` only (mask [B, T, S] as for the whole block).
     A model read out at one token needs only this from its top block: about 1/T of the block's cost."""
     rows = jnp.arange(x.shape[0])
-    keys, values = project_kv(c, p, rms_norm(x, p["attn_norm"], c.rms_eps, c.norm_offset) if "attn_norm" in p else x,
-                              rope)
+    keys, values = project_kv(c, p, block_norm(c, p, x, "attn_norm"), rope)
     no_write = jnp.zeros((*keys.shape[:2], 1, 1), bool)  # the cache already holds every key, the query's own too
     at_last = Rope(rope.cos[rows, last][:, None], rope.sin[rows, last][:, None])
     out, _ = decoder_block(c, p, x[rows, last][:, None], at_last, mask[rows, last][:, None],

@@ -31,7 +31,7 @@ import optax
 
 from dcsjax.errors import ConfigError
 from dcsjax.metrics.calibration import ABSTENTION_METRICS, Distributions
-from dcsjax.nn.decoder import attention_masks, layer_flags, readout_block, rms_norm, rope_tables, run_blocks, softcap
+from dcsjax.nn.decoder import attention_masks, layer_flags, normalize, readout_block, rope_tables, run_blocks, softcap
 from dcsjax.training.features import LetterFeatures
 from dcsjax.training.loss import dcs_loss, option_ce
 
@@ -64,8 +64,9 @@ class TrainConfig:
 # ------------------------------------------------------------------------------------------------ model
 def top_params(model, top_layers: int) -> dict:
     """The trainable pytree: the top blocks' stacked parameters and the final norm (float32 copies)."""
+    finals = [name for name in ("final_norm", "final_norm_bias") if hasattr(model, name)]
     return {"layers": {name: jnp.asarray(v[-top_layers:], jnp.float32) for name, v in model.layers.arrays().items()},
-            "final_norm": jnp.asarray(model.final_norm[...], jnp.float32)}
+            **{name: jnp.asarray(getattr(model, name)[...], jnp.float32) for name in finals}}
 
 
 def merge_top(model, params: dict) -> None:
@@ -74,7 +75,9 @@ def merge_top(model, params: dict) -> None:
         param = getattr(model.layers, name)
         k = value.shape[0]
         param.set_value(param[...].at[-k:].set(value.astype(param.dtype)))
-    model.final_norm.set_value(params["final_norm"].astype(model.final_norm.dtype))
+    for name in ("final_norm", "final_norm_bias"):
+        if name in params:
+            getattr(model, name).set_value(params[name].astype(getattr(model, name).dtype))
 
 
 def letter_logits(c, params: dict, output_embedding: jax.Array, hidden: jax.Array, length: jax.Array,
@@ -91,7 +94,7 @@ def letter_logits(c, params: dict, output_embedding: jax.Array, hidden: jax.Arra
     flags = jax.tree.map(lambda a: a[-1], layer_flags(c))
     last = readout_block(c, jax.tree.map(lambda a: a[-1], params["layers"]), x, ropes.pick(flags), masks.pick(flags),
                          length - 1)  # [B, D]
-    h = rms_norm(last, params["final_norm"], c.rms_eps, c.norm_offset).astype(jnp.float32)
+    h = normalize(c, last, params["final_norm"], params.get("final_norm_bias")).astype(jnp.float32)
     return softcap(jnp.einsum("bd,bkd->bk", h, output_embedding[letters].astype(jnp.float32)), c.final_softcap)
 
 
