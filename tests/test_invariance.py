@@ -77,7 +77,7 @@ def test_scores_equal_brute_force_gemma3(batch_size, pack, buckets):
     check("gemma3-270m", batch_size, pack, buckets)
 
 
-def check(name, batch_size, pack, buckets, base=None, reference=None, tolerance=0.0):
+def check(name, batch_size, pack, buckets, base=None, reference=None):
     base = base or scorer_for(name)
     scorer = Scorer(base.model, base.tokenizer, base.document_start_id, batch_size=batch_size, pack=pack,
                     buckets=buckets)
@@ -86,6 +86,6 @@ def check(name, batch_size, pack, buckets, base=None, reference=None, tolerance=
     ref = np.array(reference if reference is not None else brute_force(name))
     gap = np.abs(ours - ref).max()
     print(f"{name} batch={batch_size} pack={pack} buckets={buckets}: max |score - brute force| = {gap:.2e}")
-    assert gap <= tolerance  # 0: bit for bit, same float32 log-probs, summed in the same order (float64)
+    assert gap == 0  # bit for bit: same float32 log-probs, summed in the same order (float64)
     # and the per-token arrays line up with the tokenizer: one entry per token of each text
     assert [len(lp) for lp in scorer.token_logprobs(texts[:5])] == [len(i) for i in scorer.encode(texts[:5])]

@@ -28,6 +28,7 @@ from flax import nnx
 from dcsjax.nn.config import DecoderConfig
 
 F32 = jnp.float32
+ROUTE_CHUNK = 64  # tokens routed together; rows are multiples of 64 tokens (packing.BUCKET_MULTIPLE)
 MASKED = -1e30  # finite, so a fully masked (padding) row softmaxes to uniform instead of NaN
 
 # Per-layer parameters: name -> (shape given the config, logical axes). The leading `layers` axis is added.
@@ -364,17 +365,26 @@ def experts(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
     """Routed experts, x [B, T, D] -> [B, T, D]: a softmax router over E experts, the top k of each token
     weighted by their router mass (renormalised over the k with `norm_topk`). Every expert is computed for
     every token and the unchosen ones weighted 0: exact for any routing, at E / k times the FLOPs of routed
-    dispatch (a gather-and-scatter kernel is the step for speed). Sums run as dots (`row_sum`), so a
-    token's output does not depend on the batch it is in."""
+    dispatch (a gather-and-scatter kernel is the step for speed). Tokens are routed in chunks of one fixed
+    shape and sums added in a fixed order, so a token's output does not depend on the batch it is in."""
     b, t, d = x.shape
     e, fe = c.num_experts, c.expert_mlp_size
-    logits = dense("btd,de->bte", x.astype(F32), p["router"].astype(F32))  # [B, T, E]
-    z = jnp.exp(logits - logits.max(axis=-1, keepdims=True))
-    probs = z / in_order_sum(z)[..., None]
-    top, index = jax.lax.top_k(probs, c.experts_per_token)  # [B, T, k]
-    if c.norm_topk:
-        top = top / in_order_sum(top)[..., None]
-    weights = (jax.nn.one_hot(index, e, dtype=F32) * top[..., None]).max(axis=-2)  # [B, T, E]: one k per expert
+    logits = jnp.einsum("btd,de->bte", x, p["router"], preferred_element_type=F32)  # [B, T, E]
+
+    def route(chunk):  # [ROUTE_CHUNK, E] router logits -> [ROUTE_CHUNK, E] expert weights
+        z = jnp.exp(chunk - chunk.max(axis=-1, keepdims=True))
+        probs = z / in_order_sum(z)[..., None]
+        top, index = jax.lax.top_k(probs, c.experts_per_token)  # [chunk, k]
+        if c.norm_topk:
+            top = top / in_order_sum(top)[..., None]
+        return (jax.nn.one_hot(index, e, dtype=F32) * top[..., None]).max(axis=-2)  # one k per expert
+
+    # XLA's CPU elementwise code rounds the same input differently at some array shapes (3.7e-9 on a router
+    # probability between a [32, 128, 4] batch and one of its rows); routing tokens in chunks of one fixed
+    # shape makes a token's weights independent of the batch it shares
+    n = b * t
+    tokens = jnp.pad(logits.reshape(n, e), ((0, -n % ROUTE_CHUNK), (0, 0)))  # a decode step routes B tokens
+    weights = jax.lax.map(route, tokens.reshape(-1, ROUTE_CHUNK, e)).reshape(-1, e)[:n].reshape(b, t, e)
     gate = dense("btd,df->btf", x, p["expert_gate"].transpose(1, 0, 2).reshape(d, e * fe)).reshape(b, t, e, fe)
     up = dense("btd,df->btf", x, p["expert_up"].transpose(1, 0, 2).reshape(d, e * fe)).reshape(b, t, e, fe)
     act = (jax.nn.silu(gate) * up).astype(F32) * weights[..., None]  # [B, T, E, Fe]
