@@ -288,8 +288,7 @@ class ResultsWriter:
         self._mkdir(path.parent)
         self._record_fingerprint(path.parent, fingerprint, settings)
         repair_cut_tail(path)
-        report = ReadReport()
-        records = read_records(path, report)
+        records = read_records(path)
         stale = [r for r in records if r.get("fingerprint") != fingerprint]
         if stale:
             known = json.loads((path.parent / FINGERPRINTS).read_text())

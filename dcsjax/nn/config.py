@@ -227,7 +227,7 @@ def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> Decod
     must_be("hidden_act", (None, *act))
     must_be("hidden_activation", (None, *act) if gemma else (None,))
     must_be("mlp_bias", (None, False))
-    caps = ((None, take("attn_logit_softcapping", None)), (None, take("final_logit_softcapping", None)))
+    attn_cap, final_cap = take("attn_logit_softcapping", None), take("final_logit_softcapping", None)
     if arch != "gemma2":
         must_be("attn_logit_softcapping", (None,))
         must_be("final_logit_softcapping", (None,))
@@ -280,7 +280,7 @@ def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> Decod
         **(GEMMA_TRAITS if gemma else {}), embed_scale=math.sqrt(hidden) if gemma else 1.0,
         norms=take("_falcon_norms", None) or _NORMS.get(arch, "pre"), qk_norm=_QK_NORM.get(arch),
         **(dict(norm_type="layer", parallel_block=True, gated_mlp=False, activation="gelu") if arch == "falcon" else {}),
-        attn_softcap=caps[0][1], final_softcap=caps[1][1], rope_llama3=llama3,
+        attn_softcap=attn_cap, final_softcap=final_cap, rope_llama3=llama3,
         layer_uses_rope=uses_rope if not all(uses_rope) else (), **experts,
     )
     unknown = sorted(set(cfg) - taken - _INERT_HF_KEYS)
