@@ -38,13 +38,13 @@ DEMO_TASKS = ("known_unknowns", "logical_deduction_three_objects", "misconceptio
 
 # ------------------------------------------------------------------------------------------ workloads
 def statements(tokenizer, n: int, lo: int, hi: int) -> list[str]:
-    from dcsjax.data.tasks import load_task, resolve_task, statements_for
+    from dcsjax.data.tasks import declarative_statements, load_task, qa_texts, resolve_task
 
     out = []
     for task in DEMO_TASKS:
         card = resolve_task(task)
         for item in load_task(card)[0]:
-            out += statements_for(card)(item)
+            out += (declarative_statements(card) or qa_texts(card))(item)
     lengths = [len(x) for x in tokenizer(out, add_special_tokens=False)["input_ids"]]
     picked = [t for t, n_tok in zip(out, lengths) if lo <= n_tok <= hi]
     if len(picked) < n:
@@ -64,7 +64,7 @@ def long_texts(tokenizer, n: int) -> list[str]:
 
 def option_items(n: int):
     from dcsjax.data.tasks import load_task, resolve_task
-    from dcsjax.protocols.likelihood import mcqa_context
+    from dcsjax.protocols.mcqa import mcqa_context
 
     items = load_task(resolve_task("bigbench:logical_deduction/five_objects"))[0][:n]
     return [mcqa_context(i) for i in items], [[" " + c for c in i.choices] for i in items]

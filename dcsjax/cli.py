@@ -14,8 +14,8 @@ from dcsjax.errors import DcsjaxError
 
 DEMO_MODEL = "smollm2-135m-instruct"
 DEMO_TASKS = ("known_unknowns", "logical_deduction_three_objects", "misconceptions", "hindu_knowledge",
-              "general_knowledge")
-DEMO_PROTOCOLS = ("aps", "mcqa", "apx", "dcs", "dcs-letters")
+              "general_knowledge", "hhh_alignment", "emoji_movie")
+DEMO_PROTOCOLS = ("aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters")
 DEMO_LIMIT = 60
 MODEL_HELP = "a model card, a .gguf file, an HF checkpoint directory, or a hub id org/name[@revision]"
 DOCUMENT_START_HELP = ("the token that starts a document in the model's pretraining, for a model without a card "
@@ -80,17 +80,25 @@ def cmd_eval(args) -> int:
 
         initialize(args.coordinator, args.num_processes, args.process_id)
     start = time.perf_counter()
-    summary = run_eval(args.model, _names(args.tasks), _names(args.protocols), Path(args.output),
+    summary = run_eval(args.model, _names(args.tasks), _names(args.protocols or ",".join(DEMO_PROTOCOLS)), Path(args.output),
                        limit=args.limit, threshold=args.threshold, batch_size=args.batch_size, dtype=args.dtype,
                        mesh=args.mesh, statements=args.statements,
                        replace_stale=args.replace_stale or args.command == "demo", document_start=args.document_start,
-                       variant=args.variant)
+                       variant=args.variant, option_order=args.option_order, seed=args.seed,
+                       idk_phrasings=[p.strip() for p in args.idk_phrasings.split("|")] if args.idk_phrasings else None,
+                       skip_unavailable=args.skip_unavailable or args.command == "demo" or args.protocols is None)
     import jax
 
     if jax.process_index() == 0:
         print(format_table(summary))
         print(f"\n{time.perf_counter() - start:.0f} s; per-item results and summary.json under {args.output}")
     return 0
+
+
+def _protocols():
+    from dcsjax.protocols import registry
+
+    return registry()
 
 
 def _names(text: str) -> list[str]:
@@ -165,8 +173,6 @@ def cmd_statements(args) -> int:
         items = items[:args.limit]
         out = Path(args.out)
         if args.model is None:
-            if card.cloze_blank is None and card.statement_template == "{question} {choice}":
-                print(f"note: {card.name} has no cloze blank; its statements are question + option", file=sys.stderr)
             counts = template_statements(items, card.name, card, out)
         else:
             import dcsjax
@@ -247,6 +253,9 @@ def _train_parser(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dcsjax.protocols.dcs import IDK_PHRASINGS
+    from dcsjax.protocols.options import DEFAULT_ORDER, ORDERS
+
     parser = argparse.ArgumentParser(prog="dcsjax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("fetch", help="download and verify models (or `bigbench`) into the cache")
@@ -266,7 +275,19 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--model", default=DEMO_MODEL, help=MODEL_HELP)
         p.add_argument("--tasks", default=",".join(DEMO_TASKS))
-        p.add_argument("--protocols", default=",".join(DEMO_PROTOCOLS))
+        p.add_argument("--protocols", default=None, help=f"default {','.join(DEMO_PROTOCOLS)}, each where the task "
+                       "allows it (named ones must run on every task); " + "; ".join(
+                           f"{name}: {protocol.help}" for name, protocol in _protocols().items()))
+        p.add_argument("--option-order", default=DEFAULT_ORDER, choices=ORDERS,
+                       help="how options are presented: as the source lists them, shuffled per item (seeded by "
+                            "--seed and the item id), or every cyclic rotation averaged (letter protocols)")
+        p.add_argument("--seed", type=int, default=0, help="the run seed of the option shuffle")
+        p.add_argument("--idk-phrasings", default=None,
+                       help="'|'-separated wordings of I don't know for sequence DCS (default: "
+                            f"{' | '.join(IDK_PHRASINGS)}); the first is the IDK option of the letter prompt")
+        p.add_argument("--skip-unavailable", action="store_true",
+                       help="skip a protocol a task cannot run (APS without declarative statements) instead of "
+                            "stopping" + (" (always on for demo)" if name == "demo" else ""))
         p.add_argument("--limit", type=_positive_int, default=DEMO_LIMIT if name == "demo" else None,
                        help="the first N items of each task")
         p.add_argument("--threshold", type=_threshold, default=None, help="DCS loadings lc = 1, lw = t / (1 - t)")

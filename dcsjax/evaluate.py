@@ -14,15 +14,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-
 from dcsjax import results
 from dcsjax.errors import ConfigError, InputError
 from dcsjax.metrics.bootstrap import mean_ci
+from dcsjax.protocols import PROTOCOLS
+from dcsjax.protocols.options import DEFAULT_ORDER, ORDERS
 
-PROTOCOLS = ("aps", "mcqa", "apx", "dcs", "dcs-letters")
 CHUNK = 32  # items per write: small enough to lose little on a kill, large enough to fill batches
-OPTION_ORDER = "source"  # options are scored in the order the source lists them
 
 
 def bootstrap_ci(values: Sequence[float], n_boot: int = 1000, seed: int = 0) -> tuple[float | None, float | None]:
@@ -38,55 +36,26 @@ def read_records(path: Path) -> list[dict]:
     return results.read_records(path)
 
 
-def run_protocol(protocol: str, scorer, items, card, lc: float, lw: float, statements=None) -> list[dict]:
-    """statements: item -> its declarative statements for APS (default: the card's rule)."""
-    from dcsjax.data.tasks import statements_for
-    from dcsjax.protocols.apx import run_apx
-    from dcsjax.protocols.likelihood import run_aps, run_dcs_letters, run_dcs_sequences, run_mcqa
+def score_items(protocol: str, ctx, items, order: str = DEFAULT_ORDER, seed: int = 0) -> list[dict]:
+    """The protocol's records of `items` (`dcsjax.protocols.score`), but an item the model cannot take
+    (longer than its context, say) becomes an error record naming the item, {"id", "error"}, while the
+    others are scored."""
+    from dcsjax import protocols
 
-    if not items:  # a process whose share of a short last chunk is empty
-        return []
-    if protocol == "aps":
-        return run_aps(scorer, items, statements or statements_for(card))
-    if protocol == "mcqa":
-        return run_mcqa(scorer, items)
-    if protocol == "apx":
-        return run_apx(scorer, items)
-    if protocol == "dcs":
-        return run_dcs_sequences(scorer, items, lc, lw)
-    if protocol == "dcs-letters":
-        return run_dcs_letters(scorer, items, lc, lw)
-    raise ConfigError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
-
-
-def score_items(protocol: str, scorer, items, card, lc: float, lw: float, statements=None) -> list[dict]:
-    """`run_protocol`, but an item the model cannot take (longer than its context, say) becomes an error
-    record naming the item, {"id", "error"}, while the others are scored."""
     try:
-        return run_protocol(protocol, scorer, items, card, lc, lw, statements)
+        return protocols.score(protocols.get(protocol), ctx, items, order, seed)
     except InputError as err:
         if len(items) == 1:
             return [{"id": items[0].id, "error": f"{protocol}: {err}"}]
-    return [r for item in items for r in score_items(protocol, scorer, [item], card, lc, lw, statements)]
+    return [r for item in items for r in score_items(protocol, ctx, [item], order, seed)]
 
 
-def protocol_settings(protocol: str, scorer, card, lc: float, lw: float, statements_file: str | None) -> dict:
+def protocol_settings(protocol: str, ctx, order: str, seed: int) -> dict:
     """What, besides model, task and code, decides a protocol's records: it goes into their fingerprint."""
-    from dcsjax.protocols.apx import MAX_NEW_TOKENS, is_instruct, uses_chat_template
-    from dcsjax.protocols.likelihood import IDK_CONTINUATION, letters_use_chat_template
+    from dcsjax import protocols
 
-    settings: dict = {"option_order": OPTION_ORDER}
-    if protocol == "aps":
-        settings["statements"] = ("file" if statements_file else "cloze" if card.cloze_blank
-                                  else "choices" if card.statements == "choices" else card.statement_template)
-    elif protocol == "apx":
-        settings |= {"instruct": is_instruct(scorer), "chat_template": uses_chat_template(scorer),
-                     "max_new_tokens": MAX_NEW_TOKENS}
-    elif protocol == "dcs":
-        settings |= {"lc": lc, "lw": lw, "idk_continuation": IDK_CONTINUATION}
-    elif protocol == "dcs-letters":
-        settings |= {"lc": lc, "lw": lw, "chat_template": letters_use_chat_template(scorer)}
-    return settings
+    return {"option_order": order, **({"seed": seed} if order != "source" else {}),
+            **protocols.get(protocol).settings(ctx)}
 
 
 def task_identity(card, items, statements_file: Path | None) -> dict:
@@ -104,36 +73,37 @@ def task_identity(card, items, statements_file: Path | None) -> dict:
     return identity
 
 
-def summarise(protocol: str, records: list[dict]) -> dict[str, float | None]:
+def summarise(protocol: str, records: list[dict]) -> dict:
     """The headline metric of a protocol (first key) and its companions; None where there are no items."""
-    def mean(values):
-        return float(np.mean(values)) if len(values) else None
+    from dcsjax import protocols
 
-    if protocol == "aps":
-        return {"accuracy": mean([r["correct"] for r in records]), "ppl_delta": mean([r["ppl_delta"] for r in records])}
-    if protocol == "mcqa":
-        return {f"accuracy_{k}": mean([r["correct"][k] for r in records]) for k in ("sum", "token", "char", "byte")}
-    if protocol == "apx":
-        return {"accuracy": mean([r["correct"] for r in records]),
-                "parse_failures": mean([r["parse_error"] is not None for r in records])}
-    answered = [r for r in records if not r["abstained"]]
-    return {"dcs": mean([r["dcs"] for r in records]), "accuracy": mean([r["correct"] for r in records]),
-            "abstention": mean([r["abstained"] for r in records]),
-            "accuracy_answered": mean([r["correct"] for r in answered]), "p_idk": mean([r["p_idk"] for r in records])}
+    return protocols.get(protocol).summarise(records)
 
 
 def headline_values(protocol: str, records: list[dict]) -> list[float]:
-    if protocol in ("aps", "apx"):
-        return [float(r["correct"]) for r in records]
-    if protocol == "mcqa":
-        return [float(r["correct"]["sum"]) for r in records]
-    return [r["dcs"] for r in records]
+    from dcsjax import protocols
+
+    return [protocols.get(protocol).headline(r) for r in records]
 
 
-def check_arguments(protocols: Sequence[str], limit: int | None, threshold: float | None) -> tuple[float, float]:
+def idk_warnings(metrics: dict, low: float | None, high: float | None) -> list[str]:
+    """Where a single IDK phrasing moves the task's mean DCS outside the headline's interval."""
+    if low is None or "dcs_by_idk" not in metrics:
+        return []
+    return [f"IDK phrased {name!r}: mean DCS {value:.3f} outside the interval [{low:.3f}, {high:.3f}]"
+            for name, value in metrics["dcs_by_idk"].items() if name != "any" and not low <= value <= high]
+
+
+def check_arguments(protocols: Sequence[str], limit: int | None, threshold: float | None,
+                    option_order: str = DEFAULT_ORDER, idk_phrasings: Sequence[str] = ("I don't know.",)
+                    ) -> tuple[float, float]:
     """Clear errors before anything is loaded. -> (lc, lw)."""
     from dcsjax.kernels.dcs import loadings_from_threshold
 
+    if option_order not in ORDERS:
+        raise ConfigError(f"unknown option order {option_order!r}; known: {', '.join(ORDERS)}")
+    if not idk_phrasings or any(not p.strip() for p in idk_phrasings) or len(set(idk_phrasings)) != len(idk_phrasings):
+        raise ConfigError(f"IDK phrasings must be distinct non-empty texts, not {list(idk_phrasings)!r}")
     unknown = [p for p in protocols if p not in PROTOCOLS]
     if unknown or not protocols:
         raise ConfigError(f"unknown protocol {', '.join(map(repr, unknown)) or '(none given)'}; known: "
@@ -151,21 +121,48 @@ def check_arguments(protocols: Sequence[str], limit: int | None, threshold: floa
 def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output: Path, limit: int | None = None,
              threshold: float | None = None, batch_size: int = 16, progress: bool = True, scorer=None,
              chunk: int = CHUNK, dtype: str = "float32", mesh=None, statements: str | Path | None = None,
-             replace_stale: bool = False, document_start: str | None = None, variant: str | None = None) -> dict:
+             replace_stale: bool = False, document_start: str | None = None, variant: str | None = None,
+             option_order: str = DEFAULT_ORDER, seed: int = 0, idk_phrasings: Sequence[str] | None = None,
+             skip_unavailable: bool = False) -> dict:
     """Every protocol on every task. In a multi-process run (`dcsjax.distributed`), each process scores its
     share of every chunk and process 0 writes the gathered records; the files equal a single process's.
 
     statements: a file from `dcsjax statements generate`: APS reads its statements, and every protocol
     scores only the items it holds (the same items for all, as in paper 002); each item it lacks (filtered
     at generation) is an error record of its task.
+    option_order, seed: how options are presented (`dcsjax.protocols.options`); shuffled by default.
+    idk_phrasings: the wordings of "I don't know" that sequence DCS scores (the first is the IDK option's
+    text in the letter prompt).
+    skip_unavailable: a protocol a task cannot run (APS without declarative statements) is skipped and
+    named in the result's `skipped`, instead of stopping the run before it starts.
     replace_stale: records of other settings in the output are moved aside (`.stale`) instead of stopping."""
     import dcsjax
     from dcsjax import distributed
+    from dcsjax import protocols as registry
     from dcsjax.data.tasks import load_task, resolve_task
+    from dcsjax.protocols.dcs import IDK_PHRASINGS
 
-    lc, lw = check_arguments(protocols, limit, threshold)
+    idk_phrasings = tuple(idk_phrasings or IDK_PHRASINGS)
+    lc, lw = check_arguments(protocols, limit, threshold, option_order, idk_phrasings)
     cards = [resolve_task(task) for task in tasks]
     statements = Path(statements) if statements is not None else None
+    from_file = (lambda item: list(item.statements)) if statements is not None else None
+
+    def context(card, scorer=None):
+        return registry.Context(scorer, card, lc, lw, from_file, str(statements) if statements else None, idk_phrasings)
+
+    plan, skipped = [], []
+    for card in cards:
+        runnable = []
+        for protocol in protocols:
+            reason = registry.get(protocol).unavailable(context(card))
+            if reason is None:
+                runnable.append(protocol)
+            else:
+                skipped.append({"task": card.name, "protocol": protocol, "reason": reason})
+        plan.append((card, runnable))
+    if skipped and not skip_unavailable:
+        raise ConfigError("; ".join(f"{s['protocol']} on {s['task']}: {s['reason']}" for s in skipped))
     lead = distributed.rank() == 0  # the process that reads and writes the files
     output = Path(output)
     writer = results.ResultsWriter(output, replace_stale) if lead else contextlib.nullcontext()
@@ -174,7 +171,7 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
                                        document_start=document_start, variant=variant)
         model_identity = scorer.model_fingerprint or {"name": scorer.name}
         rows = []
-        for card in cards:
+        for card, runnable in plan:
             all_items, load_errors = load_task(card)
             task = task_identity(card, all_items, statements)
             items = all_items[:limit] if limit is not None else all_items
@@ -184,10 +181,10 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
             errors = [e.as_record() for e in load_errors]
             if lead:
                 writer.write_errors(folder, errors)
-            for protocol in protocols:
+            ctx = context(card, scorer)
+            for protocol in runnable:
                 settings = {"model": model_identity, "task": task, "protocol": protocol,
-                            "settings": protocol_settings(protocol, scorer, card, lc, lw,
-                                                          str(statements) if statements else None),
+                            "settings": protocol_settings(protocol, ctx, option_order, seed),
                             "code": results.code_version()}
                 fingerprint = results.digest(settings)
                 path = results.records_path(output, scorer.name, card.slug, protocol)
@@ -207,8 +204,7 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
                 scoring_errors = []
                 for s in range(0, len(todo), chunk):
                     part = todo[s:s + chunk]
-                    mine = score_items(protocol, scorer, distributed.my_share(part), card, lc, lw,
-                                       (lambda item: list(item.statements)) if statements is not None else None)
+                    mine = score_items(protocol, ctx, distributed.my_share(part), option_order, seed)
                     gathered = distributed.gather_in_order(mine, len(part))
                     failed = [{"where": r["id"], "error": r["error"]} for r in gathered if "error" in r]
                     scoring_errors += failed
@@ -221,17 +217,26 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
                     continue
                 by_id = {r["id"]: r for r in results.read_records(path)}
                 records = [by_id[i.id] for i in items if i.id in by_id]
-                metrics = summarise(protocol, records)
-                low, high = bootstrap_ci(headline_values(protocol, records))
-                rows.append({"model": scorer.name, "task": card.name, "protocol": protocol, "n": len(records),
-                             "errors": len(errors) + len(scoring_errors), "metric": next(iter(metrics)),
-                             "value": next(iter(metrics.values())), "ci95": [low, high], "metrics": metrics,
-                             "lc": lc, "lw": lw, "fingerprint": fingerprint, "settings": settings["settings"],
-                             "seconds": round(time.perf_counter() - start, 2)})
+                rows.append(summary_row(scorer.name, card.name, protocol, records, len(errors) + len(scoring_errors),
+                                        lc, lw, fingerprint, settings["settings"], time.perf_counter() - start))
         if lead:
             writer.update_summary(rows)
     # this run's rows, in its order (summary.json also keeps the rows of earlier runs of other tasks)
-    return distributed.from_rank0({"rows": rows})
+    return distributed.from_rank0({"rows": rows, "skipped": skipped})
+
+
+def summary_row(model: str, task: str, protocol: str, records: list[dict], errors: int, lc: float, lw: float,
+                fingerprint: str, settings: dict, seconds: float) -> dict:
+    """One (model, task, protocol) row of summary.json: the headline with its interval, the companions,
+    where gold options and answers sat (and the best constant answer), and warnings."""
+    from dcsjax.protocols.options import position_report
+
+    metrics = summarise(protocol, records)
+    low, high = bootstrap_ci(headline_values(protocol, records))
+    return {"model": model, "task": task, "protocol": protocol, "n": len(records), "errors": errors,
+            "metric": next(iter(metrics)), "value": next(iter(metrics.values())), "ci95": [low, high],
+            "metrics": metrics, "positions": position_report(records), "warnings": idk_warnings(metrics, low, high),
+            "lc": lc, "lw": lw, "fingerprint": fingerprint, "settings": settings, "seconds": round(seconds, 2)}
 
 
 def _with_statements(items, errors, path: Path):
@@ -253,13 +258,25 @@ def _bar(progress: bool, total: int, initial: int, desc: str):
 
 
 def format_table(summary: dict) -> str:
+    """The results table; `const` is the accuracy of always giving the best single letter on the same
+    presentations (a letter preference alone reaches it), and `IDK spread` the range of sequence DCS over
+    the IDK phrasings."""
     def number(x):
         return "-" if x is None else f"{x:.3f}"
 
-    header = ["model", "task", "protocol", "n", "err", "metric", "value", "95% CI"]
-    rows = [[r["model"], r["task"], r["protocol"], str(r["n"]), str(r["errors"]), r["metric"], number(r["value"]),
-             "-" if r["ci95"][0] is None else f"[{number(r['ci95'][0])}, {number(r['ci95'][1])}]"]
-            for r in summary["rows"]]
+    header = ["model", "task", "protocol", "n", "err", "metric", "value", "95% CI", "const", "IDK spread"]
+    rows = []
+    for r in summary["rows"]:
+        positions = r.get("positions") or {}
+        const = ("-" if positions.get("best_constant") is None
+                 else f"{positions['best_constant_letter']} {positions['best_constant']:.2f}")
+        spread = r["metrics"].get("idk_spread")
+        rows.append([r["model"], r["task"], r["protocol"], str(r["n"]), str(r["errors"]), r["metric"],
+                     number(r["value"]), "-" if r["ci95"][0] is None else f"[{number(r['ci95'][0])}, {number(r['ci95'][1])}]",
+                     const, "-" if spread is None else f"{spread:.3f}" + (" !" if r.get("warnings") else "")])
     widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
-    return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows)])
+    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    lines = [fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows)]
+    notes = [f"! {r['model']} {r['task']} {r['protocol']}: {w}" for r in summary["rows"] for w in r.get("warnings", [])]
+    notes += [f"skipped {s['protocol']} on {s['task']}: {s['reason']}" for s in summary.get("skipped", [])]
+    return "\n".join(lines + ([""] + notes if notes else []))

@@ -9,7 +9,7 @@ import sys
 from conftest import scorer_for
 from dcsjax.evaluate import run_eval
 
-TASK, PROTOCOLS, LIMIT = "known_unknowns", ["aps", "dcs", "apx"], 10
+TASK, PROTOCOLS, LIMIT = "known_unknowns", ["qa-ppl", "dcs", "apx"], 10
 
 
 def free_port() -> int:

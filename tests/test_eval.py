@@ -12,7 +12,7 @@ import pytest
 from conftest import scorer_for
 from dcsjax.evaluate import bootstrap_ci, format_table, read_records, run_eval
 
-TASK, PROTOCOLS, LIMIT = "known_unknowns", ["dcs", "aps"], 24
+TASK, PROTOCOLS, LIMIT = "known_unknowns", ["dcs", "qa-ppl"], 24
 
 
 def files(folder):
@@ -23,13 +23,14 @@ def test_eval_writes_records_summary_and_table(tmp_path):
     summary = run_eval("smollm2-135m-instruct", [TASK], PROTOCOLS + ["mcqa", "dcs-letters"], tmp_path, limit=LIMIT,
                        scorer=scorer_for("smollm2-135m-instruct"), progress=False)
     rows = {r["protocol"]: r for r in summary["rows"]}
-    assert set(rows) == {"dcs", "aps", "mcqa", "dcs-letters"} and all(r["n"] == LIMIT for r in rows.values())
+    assert set(rows) == {"dcs", "qa-ppl", "mcqa", "dcs-letters"} and all(r["n"] == LIMIT for r in rows.values())
     low, high = rows["dcs"]["ci95"]
     assert -1 <= low <= rows["dcs"]["value"] <= high <= 1
     records = read_records(tmp_path / "smollm2-135m-instruct" / "known_unknowns" / "dcs.jsonl")
     assert len(records) == LIMIT and len({r["id"] for r in records}) == LIMIT
     for r in records:  # a distribution over the options, IDK included
-        assert abs(sum(r["probs"]) - 1) < 1e-5 and r["idk_index"] == 1
+        perm = r["order"]["presentations"][0]["perm"]  # shuffled: "Unknown" (source option 1) anywhere
+        assert abs(sum(r["probs"]) - 1) < 1e-5 and perm[r["idk_index"]] == 1
         assert abs(r["p_correct"] + r["p_wrong"] + r["p_idk"] - 1) < 1e-5
     letters = read_records(tmp_path / "smollm2-135m-instruct" / "known_unknowns" / "dcs-letters.jsonl")
     assert all(0 < r["letter_mass"] <= 1 for r in letters)
@@ -45,7 +46,7 @@ def whole_run(tmp_path_factory):
     return whole
 
 
-@pytest.mark.parametrize("protocol, at_least", [("dcs", 8), ("aps", 4)])  # in the first protocol, in the second
+@pytest.mark.parametrize("protocol, at_least", [("dcs", 8), ("qa-ppl", 4)])  # in the first protocol, in the second
 def test_resume_after_sigkill_gives_identical_files(tmp_path, whole_run, protocol, at_least):
     """A multi-chunk run of two protocols (24 items in chunks of 4) killed with SIGKILL, in either protocol,
     and started again writes byte-identical records, fingerprints included."""

@@ -76,13 +76,13 @@ def test_over_long_and_non_utf8_items_are_error_records_while_the_rest_is_scored
     path.write_bytes((json.dumps(ITEMS[0]) + "\n" + json.dumps(long_item) + "\n").encode()
                      + b'{"id": "latin1", "question": "caf\xe9?", "choices": ["a", "b"], "answer": 0}\n'
                      + (json.dumps(ITEMS[1]) + "\n").encode())
-    summary = evaluate(tmp_path / "out", [f"jsonl:{path}"], ["dcs", "aps"], limit=None)
+    summary = evaluate(tmp_path / "out", [f"jsonl:{path}"], ["dcs", "qa-ppl"], limit=None)
     for r in summary["rows"]:
         assert r["n"] == 2 and r["errors"] == 2 and r["value"] is not None
     errors = read_errors(tmp_path / "out" / MODEL / "bad")
     assert {"where": f"{path}:3", "error": "not UTF-8 (byte 0xe9 at column 34)"} in errors
     long_errors = [e for e in errors if e["where"] == "long"]
-    assert [e["error"].split(":")[0] for e in long_errors] == ["dcs", "aps"]
+    assert [e["error"].split(":")[0] for e in long_errors] == ["dcs", "qa-ppl"]
     assert all(re.search(r"has 9\d\d\d tokens; .* exceeds the 8192-token limit", e["error"]) for e in long_errors)
 
 
@@ -96,11 +96,11 @@ def test_an_empty_file_gives_null_not_nan(tmp_path):
 
 
 def test_summary_rows_merge_by_task_name_and_keep_other_protocols(tmp_path):
-    evaluate(tmp_path, protocols=("aps", "dcs"))
+    evaluate(tmp_path, protocols=("qa-ppl", "dcs"))
     evaluate(tmp_path, tasks=("bigbench:known_unknowns",), protocols=("dcs",))  # the card's source names it too
     evaluate(tmp_path, protocols=("dcs",))  # a second run into the same folder adds no record twice
     rows = json.loads((tmp_path / "summary.json").read_text())["rows"]
-    assert sorted((r["task"], r["protocol"]) for r in rows) == [("known_unknowns", "aps"), ("known_unknowns", "dcs")]
+    assert sorted((r["task"], r["protocol"]) for r in rows) == [("known_unknowns", "dcs"), ("known_unknowns", "qa-ppl")]
     lines = (tmp_path / MODEL / "known_unknowns" / "dcs.jsonl").read_text().splitlines()
     assert len(lines) == 6 == len({json.loads(line)["id"] for line in lines})
 
@@ -138,7 +138,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "--limit: must be a whole number of items, at least 1, not '0'" in cli_error(capsys, "eval", "--limit", "0", *out)
     assert "not '-3'" in cli_error(capsys, "eval", "--limit", "-3", *out)
     assert "strictly between 0 and 1, not '1.5'" in cli_error(capsys, "eval", "--threshold", "1.5", *out)
-    assert "dcsjax: error: unknown protocol 'nope'; known: aps, mcqa" in \
+    assert "dcsjax: error: unknown protocol 'nope'; known: aps, qa-ppl, mcqa" in \
         cli_error(capsys, "eval", "--protocols", "dcs,nope", *out)
     assert "a mesh is data x model devices, two whole numbers such as '2x4', not 'banana'" in \
         cli_error(capsys, "eval", "--mesh", "banana", "--limit", "1", *out)

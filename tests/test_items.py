@@ -6,7 +6,7 @@ import pytest
 
 from dcsjax.data import bigbench
 from dcsjax.data.items import Item, ItemError, check_item
-from dcsjax.data.tasks import load_task, resolve_task, statements_for
+from dcsjax.data.tasks import declarative_statements, load_task, qa_texts, resolve_task
 
 GOOD = Item(id="x", question="2 + 2 =", choices=("3", "4"), correct=(1,))
 
@@ -44,8 +44,13 @@ def test_subtasks_prefix_and_statements():
     assert items[0].question.startswith("The following paragraphs each describe a set of three objects")
     whole, _ = bigbench.bigbench_items("logical_deduction")
     assert len(whole) == 300 + 500 + 700  # three, five and seven objects
-    card = resolve_task("known_unknowns")
-    assert statements_for(card)(load_task(card)[0][0])[1] == "Q: How often did Abraham Lincoln cut his toenails?\nA: Unknown"
+    card = resolve_task("known_unknowns")  # no declarative rule: APS refuses it, qa-ppl ranks question + option
+    assert declarative_statements(card) is None
+    assert qa_texts(card)(load_task(card)[0][0])[1] == "Q: How often did Abraham Lincoln cut his toenails?\nA: Unknown"
+    card = resolve_task("misconceptions")  # the claim with the option's word: a declarative statement
+    first = load_task(card)[0][0]
+    assert declarative_statements(card)(first) == ["The claim 'Twinkies are edible for decades or longer.' is true.",
+                                                   "The claim 'Twinkies are edible for decades or longer.' is false."]
 
 
 def test_bad_examples_are_reported(tmp_path, monkeypatch):

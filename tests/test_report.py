@@ -18,7 +18,7 @@ FIGURES = ("scaling.png", "scaling_by_task.png", "dcs_spectrum.png", "risk_cover
 @pytest.fixture(scope="module")
 def real_results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("results")
-    run_eval("smollm2-135m-instruct", ["known_unknowns"], ["aps", "mcqa", "apx", "dcs", "dcs-letters"], folder,
+    run_eval("smollm2-135m-instruct", ["misconceptions"], ["aps", "mcqa", "apx", "dcs", "dcs-letters"], folder,
              limit=12, scorer=scorer_for("smollm2-135m-instruct"), progress=False)
     return folder
 
@@ -29,7 +29,7 @@ def test_report_on_real_results(real_results, tmp_path):
         data = (tmp_path / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 10_000, name
     rows = {(r["protocol"], r["metric"]): r for r in json.loads((tmp_path / "metrics.json").read_text())}
-    folder = real_results / "smollm2-135m-instruct" / "known_unknowns"
+    folder = real_results / "smollm2-135m-instruct" / "misconceptions"
     dcs = read_records(folder / "dcs.jsonl")
     assert rows["dcs", "dcs"]["value"] == pytest.approx(np.mean([r["dcs"] for r in dcs]), abs=1e-6)
     assert rows["dcs", "dcs"]["low"] <= rows["dcs", "dcs"]["value"] <= rows["dcs", "dcs"]["high"]
@@ -39,7 +39,7 @@ def test_report_on_real_results(real_results, tmp_path):
     for metric in ("brier", "ece", "ece_mass", "aurc", "ternary_t0.75"):
         assert ("dcs-letters", metric) in rows and np.isfinite(rows["dcs-letters", metric]["value"])
     text = summary.read_text()
-    assert "| smollm2-135m-instruct | known_unknowns | dcs | brier |" in text and "too few" in text
+    assert "| smollm2-135m-instruct | misconceptions | dcs | brier |" in text and "too few" in text
 
 
 def test_report_fits_scaling_curves_across_many_models(tmp_path):

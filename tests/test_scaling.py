@@ -60,4 +60,21 @@ def test_no_crossing_is_reported_as_none():
     x, aps = models("log-linear", (0.7, 0.01), 1)
     apx = aps - 0.3  # APX never catches up
     result = break_even(x, aps, apx, n_boot=50)
-    assert result.log10_size is None and result.low is None and result.crossed == 0.0
+    assert result.log10_size is None and result.low == result.high == np.inf and result.crossed == 0.0
+    assert "no crossing within the sizes" in result.describe() and "0% of 50 resamples" in result.describe()
+
+
+def test_break_even_near_the_edge_is_open_ended_and_says_how_many_resamples_cross():
+    """APX meets APS at the largest sizes, in noise: some resamples cross inside the sizes, the rest beyond
+    them. The interval counts those as beyond (open-ended), not leaves them out, and says the share."""
+    rng = np.random.default_rng(1)
+    x = np.sort(rng.uniform(8, 10, 12))
+    aps = 0.6 + rng.normal(0, 0.02, 12)
+    apx = 0.6 + 0.1 * (x - 10) + rng.normal(0, 0.02, 12)
+    result = break_even(x, aps, apx, n_boot=400)
+    assert 0.05 < result.crossed < 0.95 and result.high == np.inf and np.isfinite(result.low)
+    inside = [c for c in [result.low] if np.isfinite(c)]
+    assert inside and 8 <= inside[0] <= 10
+    text = result.describe()
+    assert f"{result.crossed:.0%} of 400 resamples cross" in text and "beyond the largest model" in text
+    assert "open-ended" in text

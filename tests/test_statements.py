@@ -135,8 +135,9 @@ def test_generation_end_to_end_resumes_and_feeds_aps(tmp_path):
     assert len(aps) == counts["kept"] and len(aps) + len(errors) == 6
     kept = {json.loads(line)["id"]: json.loads(line)["statements"] for line in out.read_text().splitlines()} \
         if out.is_file() else {}
-    for record in aps:
-        assert record["statements"] == kept[record["id"]]
+    for record in aps:  # in the presented (shuffled) order: presented statement i is the file's perm[i]
+        perm = record["order"]["presentations"][0]["perm"]
+        assert record["statements"] == [kept[record["id"]][p] for p in perm]
 
 
 def test_judge_reads_yes_against_no_as_transformers_does(tmp_path):

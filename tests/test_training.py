@@ -12,7 +12,7 @@ import pytest
 import dcsjax
 from conftest import reference_for, scorer_for
 from dcsjax.data.items import Item
-from dcsjax.protocols.likelihood import run_dcs_letters
+from dcsjax.protocols.dcs import run_dcs_letters
 from dcsjax.training.data import abstention_splits, abstention_versions, question_key, split_of
 from dcsjax.training.features import letter_features
 from dcsjax.training.train import (
@@ -51,6 +51,18 @@ def test_splits_are_disjoint_by_question_and_fixed():
     again = abstention_splits(("hindu_knowledge", "known_unknowns"))
     assert [i.id for i in again["test"]] == [i.id for i in splits["test"]]
     assert {i.source["version"] for i in splits["train"]} == {"answerable", "unanswerable"}
+
+
+def test_training_data_options_are_shuffled_so_no_letter_gives_the_answer():
+    """emoji_movie lists every answer first; in the training data the answers and the IDK option sit at
+    every letter about equally (so a trained model cannot score by a letter preference)."""
+    items = [i for split in abstention_splits(("bigbench:emoji_movie",)).values() for i in split]
+    n, k = len(items), len(items[0].choices)  # 5 options: one removed, IDK added
+    gold = np.bincount([i.correct[0] for i in items], minlength=k) / n
+    idk = np.bincount([i.idk for i in items], minlength=k) / n
+    assert n == 200 and k == 5 and gold.max() < 0.3 and idk.max() < 0.3, (gold, idk)
+    source = [i for split in abstention_splits(("bigbench:emoji_movie",), option_order="source").values() for i in split]
+    assert all(i.idk == 4 and i.correct in ((0,), (4,)) for i in source)  # the order a model could exploit
 
 
 def test_batches_are_a_pure_function_of_seed_and_step():
@@ -161,7 +173,7 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path)
 
     # the exported model, loaded by name of its folder, scores the test split in eval as in training
     run_eval(str(out / "model"), [f"jsonl:{out / 'data' / 'test.jsonl'}"], ["dcs-letters"], out / "eval",
-             progress=False)
+             progress=False, option_order="source")  # the data file's options are shuffled already
     records = [json.loads(line) for line in next((out / "eval").rglob("dcs-letters.jsonl")).read_text().splitlines()]
     logits = np.load(out / "runs" / "dcs+ce-seed0" / "test_logits.npy")
     test_set = load_features(out / "features" / "test.npz")

@@ -232,9 +232,8 @@ def scaling_figure(models: dict[str, ModelResults], tasks: list[str], path: Path
             notes.append(f"{protocol.upper()} {variant}: {fits[0].family} (AIC {fits[0].aic:.1f})")
         if "aps" in series and "apx" in series and len(series["aps"][0]) >= 4:
             be = break_even(series["aps"][0], series["aps"][1], series["apx"][1], n_boot=500)
+            notes.append(f"{variant}: APX overtakes APS {be.describe()}")
             if be.log10_size is not None:
-                notes.append(f"{variant}: APX overtakes APS at {10 ** be.log10_size:.3g} parameters "
-                             f"(95% CI {10 ** be.low:.3g} to {10 ** be.high:.3g})")
                 ax.axvline(10 ** be.log10_size, color="grey", linestyle=":")
     _size_axis(ax, [m.parameters for m in sized])
     ax.set_ylabel("accuracy (mean over tasks)")

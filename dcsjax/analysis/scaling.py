@@ -116,12 +116,26 @@ def crossing(upper: Fit, lower: Fit, lo: float, hi: float, steps: int = 400) -> 
 
 @dataclass(frozen=True)
 class BreakEven:
+    """The interval is taken over every resample: one whose curves do not cross inside the sizes counts
+    as crossing below them (APX already ahead at the smallest) or beyond them (still behind at the largest),
+    so an end of the interval can be open (-inf or inf); `crossed` says how many crossed inside."""
     log10_size: float | None  # on all models; None where the curves do not cross in the range
-    low: float | None
-    high: float | None
-    crossed: float  # share of bootstrap resamples in which the curves cross
+    low: float | None  # -inf: below the smallest size; None: no resample could be fitted
+    high: float | None  # inf: beyond the largest size
+    crossed: float  # share of bootstrap resamples in which the curves cross inside the sizes
     aps: Fit
     apx: Fit
+    resamples: int = 0
+
+    def describe(self, scale=lambda v: f"{10 ** v:.3g}") -> str:
+        """"at 1.2e+09 parameters (95% CI 8e+08 to beyond the largest model; 41% of 500 resamples cross)"."""
+        def end(v):
+            return ("below the smallest model" if v == -np.inf else "beyond the largest model" if v == np.inf
+                    else "?" if v is None else scale(v))
+        where = "no crossing within the sizes" if self.log10_size is None else f"at {scale(self.log10_size)} parameters"
+        return (f"{where} (95% CI {end(self.low)} to {end(self.high)}; {self.crossed:.0%} of {self.resamples} "
+                "resamples cross within the sizes" + (", so the interval is open-ended" if np.isinf([
+                    self.low or 0, self.high or 0]).any() else "") + ")")
 
 
 def break_even(log10_size, aps, apx, n_boot: int = 1000, seed: int = 0, level: float = 0.95,
@@ -134,13 +148,17 @@ def break_even(log10_size, aps, apx, n_boot: int = 1000, seed: int = 0, level: f
     lo, hi = span or (float(x.min()), float(x.max()))
     fit_aps, fit_apx = fit_curves(x, aps)[0], fit_curves(x, apx)[0]
     point = crossing(fit_apx, fit_aps, lo, hi)
-    found = []
+    where = []  # per resample: the crossing, or -inf / inf where it lies outside the sizes
     centre = float(x.mean())
     for idx in _resamples(len(x), n_boot, seed):
         f_aps = _fit_family(fit_aps.family, x[idx], aps[idx], centre)
         f_apx = _fit_family(fit_apx.family, x[idx], apx[idx], centre)
-        if f_aps is not None and f_apx is not None and (c := crossing(f_apx, f_aps, lo, hi)) is not None:
-            found.append(c)
-    tail = 100 * (1 - level) / 2
-    low, high = (float(v) for v in np.percentile(found, [tail, 100 - tail])) if found else (None, None)
-    return BreakEven(point, low, high, len(found) / n_boot, fit_aps, fit_apx)
+        if f_aps is None or f_apx is None:
+            continue
+        c = crossing(f_apx, f_aps, lo, hi)
+        where.append(c if c is not None else -np.inf if f_apx(np.array([lo]))[0] >= f_aps(np.array([lo]))[0] else np.inf)
+    tail = (1 - level) / 2
+    low, high = ((float(v) for v in np.quantile(where, [tail, 1 - tail], method="inverted_cdf")) if where
+                 else (None, None))
+    crossed = sum(np.isfinite(where)) / len(where) if where else 0.0
+    return BreakEven(point, low, high, crossed, fit_aps, fit_apx, len(where))

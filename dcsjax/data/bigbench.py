@@ -120,7 +120,7 @@ def _task_items(task: str, data: dict, idk_choice: str | None, where: str) -> tu
         text = str(example.get("input", "")).strip()
         question = f"{prefix.strip()}\n{text}" if prefix.strip() else text
         item = Item(id=f"{task}/{index}", question=question, choices=choices,
-                    correct=correct, idk=idk, source={"benchmark": f"bigbench:{task}", "example": index})
+                    correct=correct, idk=idk, source={"benchmark": f"bigbench:{task}", "example": index, "input": text})
         checked = check_item(item, here)
         (items if isinstance(checked, Item) else errors).append(checked)
     return items, errors

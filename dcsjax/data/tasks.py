@@ -1,8 +1,13 @@
 """Benchmark cards (`benchmarks/*.toml`) and the tasks they name.
 
 A task is named by its card (`known_unknowns`) or by its source (`bigbench:known_unknowns`, card or no
-card). The card says where the items come from, which option means "I don't know", and how APS gets its
-declarative statements: the options themselves (`statements = "choices"`) or a template.
+card). The card says where the items come from, which option means "I don't know", and which texts the
+perplexity protocols rank:
+- `statements`: how APS gets *declarative* statements, if the task has a rule for them: "choices" (the
+  options are statements), "cloze" (each option fills `cloze_blank`), "template" (`statement_template`,
+  a declarative sentence that carries the question's content, with `choice_words` for options that are
+  labels, as misconceptions' T/F). None: APS needs a statements file (`dcsjax statements generate`).
+- `qa_template`: the question followed by an option, for `qa-ppl` (not APS: 002 §2 sets it apart).
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from dcsjax.cards import cards_dir
 from dcsjax.data.items import Item, ItemError
 from dcsjax.errors import DcsjaxError
 
-DEFAULT_TEMPLATE = "{question} {choice}"
+QA_TEMPLATE = "{question} {choice}"
+STATEMENT_RULES = ("choices", "cloze", "template")
 
 
 @dataclass(frozen=True)
@@ -23,10 +29,12 @@ class BenchmarkCard:
     name: str
     source: str
     idk_choice: str | None = None
-    statements: str = "template"  # "template" or "choices"
-    statement_template: str = DEFAULT_TEMPLATE
+    statements: str | None = None  # how APS gets declarative statements: STATEMENT_RULES, or None
+    statement_template: str | None = None  # declarative; {question}, {input} (BIG-bench: without the prefix), {choice}
+    choice_words: dict[str, str] | None = None  # option text -> the word a statement uses ("T" -> "true")
     # a cloze task's blank in the question ("<MASK>", "_"): its statements fill the blank with each option
     cloze_blank: str | None = None
+    qa_template: str = QA_TEMPLATE  # question + option, for qa-ppl
     # hub datasets (source "hub:<dataset>"): its config, split and row schema (dcsjax/data/hub.py)
     hub_config: str | None = None
     split: str = "test"
@@ -42,9 +50,14 @@ def benchmark_cards() -> dict[str, BenchmarkCard]:
     for path in sorted(cards_dir("benchmarks").glob("*.toml")):
         try:
             raw = tomllib.loads(path.read_text())
-            cards[raw["name"]] = BenchmarkCard(**raw)
+            cards[raw["name"]] = card = BenchmarkCard(**raw)
         except (KeyError, TypeError, tomllib.TOMLDecodeError) as err:
             raise DcsjaxError(f"{path}: malformed benchmark card: {err!r}") from err
+        needs = {"cloze": card.cloze_blank, "template": card.statement_template, "choices": True, None: True}
+        if card.statements not in needs or not needs[card.statements]:
+            raise DcsjaxError(f"{path}: statements = {card.statements!r} needs " + (
+                f"one of {STATEMENT_RULES}" if card.statements not in needs else
+                "cloze_blank" if card.statements == "cloze" else "statement_template"))
     return cards
 
 
@@ -95,12 +108,28 @@ def cloze_statement(question: str, choice: str, blank: str) -> str:
     return head + choice.strip() + tail
 
 
-def statements_for(card: BenchmarkCard) -> Callable[[Item], list[str]]:
-    if card.cloze_blank is not None:
+def declarative_statements(card: BenchmarkCard) -> Callable[[Item], list[str]] | None:
+    """The card's rule for APS's declarative statements, or None where it has none (a `jsonl:` file's
+    items may carry their own: then those)."""
+    if card.statements == "cloze":
         return lambda item: [cloze_statement(item.question, c, card.cloze_blank) for c in item.choices]
     if card.statements == "choices":
         return lambda item: list(item.statements or item.choices)
-    if card.source.startswith("jsonl:"):  # a file's own statements, where it has them
-        return lambda item: list(item.statements) if item.statements else [
-            card.statement_template.format(question=item.question, choice=c) for c in item.choices]
-    return lambda item: [card.statement_template.format(question=item.question, choice=c) for c in item.choices]
+    if card.statements == "template":
+        words = card.choice_words or {}
+        return lambda item: [card.statement_template.format(
+            question=item.question, input=item.source.get("input", item.question), choice=words.get(c.strip(), c))
+            for c in item.choices]
+    if card.source.startswith("jsonl:"):
+        return lambda item: list(item.statements) if item.statements else _no_statements(item)
+    return None
+
+
+def _no_statements(item: Item):
+    from dcsjax.errors import InputError
+
+    raise InputError(f"item {item.id} has no statements: APS ranks declarative statements only")
+
+
+def qa_texts(card: BenchmarkCard) -> Callable[[Item], list[str]]:
+    return lambda item: [card.qa_template.format(question=item.question, choice=c) for c in item.choices]

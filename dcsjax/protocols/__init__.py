@@ -1,0 +1,150 @@
+"""The protocols, one registry that `dcsjax eval`, the CLI and the report all read.
+
+A protocol scores a list of items (options in the order they are presented) into one JSON-able record per
+item. `score(protocol, context, items, order, seed)` presents each item's options in the run's option
+order (`options.py`), runs the protocol, maps rotations back, and adds to each record where its gold
+options and its answer sat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from dcsjax.data.items import Item
+from dcsjax.protocols import options
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a protocol needs besides the items."""
+    scorer: object
+    card: object  # BenchmarkCard
+    lc: float = 1.0
+    lw: float = 1.0
+    statements: Callable[[Item], Sequence[str]] | None = None  # APS: from a statements file, else the card's rule
+    statements_file: str | None = None
+    idk_phrasings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    help: str
+    run: Callable[[Context, list[Item]], list[dict]]
+    summarise: Callable[[list[dict]], dict]  # -> {headline metric: value, companions...}
+    headline: Callable[[dict], float]  # a record's value of the headline metric (for bootstrap intervals)
+    answer: Callable[[dict], int | None]  # the record's answered option, in its presented order
+    settings: Callable[[Context], dict] = lambda ctx: {}  # what, besides model, task and code, decides records
+    letters: bool = False  # the model sees lettered options, so their order can change its answer
+    idk_option: bool = False  # IDK is presented as one more option (and is shuffled with the others)
+    merge_rotations: Callable | None = None  # (ctx, item, records, perms) -> the item's record
+    unavailable: Callable[[Context], str | None] = field(default=lambda ctx: None)  # why it cannot run a task
+
+
+def _aps_statements(ctx: Context):
+    from dcsjax.data.tasks import declarative_statements
+
+    return ctx.statements or declarative_statements(ctx.card)
+
+
+def _aps_source(ctx: Context) -> str:
+    return "file" if ctx.statements_file else ctx.card.statements or ("file rows" if ctx.card.source.startswith("jsonl:") else "none")
+
+
+def _build() -> dict[str, Protocol]:
+    from dcsjax.protocols import apx, aps, dcs, mcqa
+
+    def dcs_settings(ctx):
+        return {"lc": ctx.lc, "lw": ctx.lw}
+
+    def choice(record):
+        return record["choice"]
+
+    def idk_answer(record):  # an abstention is no option
+        return None if record["abstained"] else record["choice"]
+
+    return {p.name: p for p in [
+        Protocol("aps", "perplexity ranking of declarative statements (002 §2)",
+                 run=lambda ctx, items: aps.run_aps(ctx.scorer, items, _aps_statements(ctx)),
+                 summarise=aps.summarise, headline=lambda r: float(r["correct"]), answer=choice,
+                 settings=lambda ctx: {"statements": _aps_source(ctx),
+                                       "template": ctx.card.statement_template if ctx.card.statements == "template" else None},
+                 unavailable=lambda ctx: None if _aps_statements(ctx) else (
+                     f"task {ctx.card.name} has no declarative statements (its card has no cloze blank, statement "
+                     "template or statement options): give --statements FILE from `dcsjax statements generate`, "
+                     "or use qa-ppl (question + option perplexity, which is not APS)")),
+        Protocol("qa-ppl", "perplexity ranking of question + option texts (the card's qa_template; not APS)",
+                 run=lambda ctx, items: aps.run_qa_ppl(ctx.scorer, items, ctx.card.qa_template),
+                 summarise=aps.summarise, headline=lambda r: float(r["correct"]), answer=choice,
+                 settings=lambda ctx: {"template": ctx.card.qa_template}),
+        Protocol("mcqa", "option log-likelihood after the question, four normalisations (002 App. B)",
+                 run=lambda ctx, items: mcqa.run_mcqa(ctx.scorer, items), summarise=mcqa.summarise,
+                 headline=lambda r: float(r["correct"]["sum"]), answer=lambda r: r["choice"]["sum"]),
+        Protocol("apx", "the prompted answer letter, greedy, parsed as D.2 (002 §2, App. D)",
+                 run=lambda ctx, items: apx.run_apx(ctx.scorer, items), summarise=apx.summarise,
+                 headline=lambda r: float(r["correct"]), answer=choice, letters=True,
+                 settings=lambda ctx: {"instruct": apx.is_instruct(ctx.scorer),
+                                       "chat_template": apx.uses_chat_template(ctx.scorer),
+                                       "max_new_tokens": apx.MAX_NEW_TOKENS},
+                 merge_rotations=lambda ctx, item, records, perms: apx.merge_rotations(item, records, perms)),
+        Protocol("dcs", "DCS from option + IDK continuation likelihoods, under IDK phrasings and normalisations",
+                 run=lambda ctx, items: dcs.run_dcs_sequences(ctx.scorer, items, ctx.lc, ctx.lw, ctx.idk_phrasings),
+                 summarise=dcs.summarise, headline=lambda r: r["dcs"], answer=idk_answer,
+                 settings=lambda ctx: dcs_settings(ctx) | {"idk_phrasings": list(ctx.idk_phrasings),
+                                                           "idk_headline": "sum of the phrasings, summed log-likelihood"}),
+        Protocol("dcs-letters", "DCS from the next-token probabilities of the option letters, IDK a lettered option",
+                 run=lambda ctx, items: dcs.run_dcs_letters(ctx.scorer, items, ctx.lc, ctx.lw),
+                 summarise=dcs.summarise, headline=lambda r: r["dcs"], answer=idk_answer, letters=True,
+                 idk_option=True,
+                 settings=lambda ctx: dcs_settings(ctx) | {"chat_template": dcs.letters_use_chat_template(ctx.scorer),
+                                                           "idk_option": ctx.idk_phrasings[0]},
+                 merge_rotations=lambda ctx, item, records, perms: dcs.merge_letter_rotations(item, records, perms,
+                                                                                           ctx.lc, ctx.lw)),
+    ]}
+
+
+_REGISTRY: dict[str, Protocol] | None = None
+
+
+def registry() -> dict[str, Protocol]:
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = _build()
+    return _REGISTRY
+
+
+PROTOCOLS = ("aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters")  # registry order, importable without jax
+
+
+def get(name: str) -> Protocol:
+    from dcsjax.errors import ConfigError
+
+    if name not in PROTOCOLS:
+        raise ConfigError(f"unknown protocol {name!r}; known: {', '.join(PROTOCOLS)}")
+    return registry()[name]
+
+
+def score(protocol: Protocol, ctx: Context, items: Sequence[Item], order: str, seed: int) -> list[dict]:
+    """Records of `items` in their order: each presented in the option order, scored, and (rotations)
+    merged back into the item's own order. Each record's `order.presentations` says, per presentation, the
+    permutation (source index by presented position), the gold letters and the answered letter."""
+    if not items:  # a process whose share of a short last chunk is empty
+        return []
+    bases = [options.with_idk(item, ctx.idk_phrasings[0]) if protocol.idk_option else item for item in items]
+    perms = [options.permutations_for(base, order, seed, protocol.letters) for base in bases]
+    shown = [options.permute(base, perm) for base, ps in zip(bases, perms) for perm in ps]
+    flat = protocol.run(ctx, shown)
+    records, at = [], 0
+    for base, ps in zip(bases, perms):
+        group, views = flat[at:at + len(ps)], shown[at:at + len(ps)]
+        at += len(ps)
+        presentations = [options.order_record(view, perm, protocol.answer(rec))
+                         for view, perm, rec in zip(views, ps, group)]
+        if len(ps) == 1:
+            record = {**group[0], "order": {"name": order, "presentations": presentations}}
+        else:  # rotations: the merged record is in the item's own order
+            record = {**protocol.merge_rotations(ctx, base, group, ps),
+                      "order": {"name": order, "presentations": presentations}}
+        records.append(record)
+    return records

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+import numpy as np
+
 from dcsjax.data.items import Item
 from dcsjax.generate import greedy_generate
 
@@ -46,19 +48,41 @@ def prompt_ids(scorer, item: Item) -> list[int]:
     return [scorer.document_start_id, *scorer.encode([f"{SYSTEM_PROMPT}\n\n{question}"])[0]]
 
 
+# A letter counts only where an answer stands: alone at the start of a line ("C", "C.", "(C)", "C)"),
+# in parentheses anywhere, or after "answer is" / "answer:". Elsewhere a capital is a word ("I think", the
+# article "A").
+_LETTER_AT = (
+    r"(?m)^[\s*\"'\[(]*({L})(?:[.):,\]]|\s*$)",
+    r"\(({L})\)",
+    r"(?i:answer)(?:\s+is)?\s*[:\-]?\s*\(?({L})(?![A-Za-z])",
+)
+
+
+def _letters_in_answer_position(text: str, letters: Sequence[str]) -> set[str]:
+    alternatives = "|".join(map(re.escape, letters))
+    return {m.group(1) for pattern in _LETTER_AT for m in re.finditer(pattern.format(L=alternatives), text)}
+
+
 def parse_answer(generation: str, choices: Sequence[str]) -> tuple[int | None, str | None]:
     """D.2: the answer is a letter standing alone or an option's text. An answer naming several options is
-    an error; so is one naming none. Returns (option index, None) or (None, why it failed)."""
+    an error; so is one naming none. Returns (option index, None) or (None, why it failed).
+
+    Option texts are matched first, longest first, case-insensitively as whole words, and each match is
+    masked, so an option inside another ("Paris" in "Paris, Texas") or a letter inside an option ("B. A cat")
+    is not read again. A one-character option ("T", "F") counts only in answer position, like a letter."""
     letters = [chr(ord("A") + i) for i in range(len(choices))]
     found: set[int] = set()
-    for match in re.finditer(r"(?<![A-Za-z])([A-Z])(?![A-Za-z])", generation):
-        if match.group(1) in letters:
-            found.add(letters.index(match.group(1)))
-    lowered = generation.casefold()
-    for i, choice in enumerate(choices):
-        text = choice.strip().casefold()
-        if len(text) > 1 and re.search(rf"(?<!\w){re.escape(text)}(?!\w)", lowered):
+    masked = generation
+    texts = sorted(((c.strip(), i) for i, c in enumerate(choices) if len(c.strip()) > 1), key=lambda x: -len(x[0]))
+    for text, i in texts:
+        pattern = re.compile(rf"(?<!\w){re.escape(text)}(?!\w)", re.IGNORECASE)
+        if pattern.search(masked):
             found.add(i)
+            masked = pattern.sub(lambda m: " " * len(m.group(0)), masked)
+    short = {c.strip(): i for i, c in enumerate(choices) if len(c.strip()) == 1}
+    for hit in _letters_in_answer_position(masked, sorted(set(letters) | set(short))):
+        # a one-character option's own text wins over reading it as a letter
+        found.add(short[hit] if hit in short else letters.index(hit))
     if len(found) == 1:
         return found.pop(), None
     if not found:
@@ -76,3 +100,23 @@ def run_apx(scorer, items: Sequence[Item]) -> list[dict]:
         records.append({"id": item.id, "generation": text, "choice": choice, "parse_error": failure,
                         "correct": choice is not None and choice in item.correct})
     return records
+
+
+def merge_rotations(item: Item, records: Sequence[dict], perms: Sequence[Sequence[int]]) -> dict:
+    """One answer per rotation, mapped back to the item's own order; the answer is the option most
+    rotations chose (a tie, or no parsable answer in any rotation, is a parse failure)."""
+    votes = np.zeros(len(item.choices), int)
+    for record, perm in zip(records, perms):
+        if record["choice"] is not None:
+            votes[perm[record["choice"]]] += 1
+    top = np.flatnonzero(votes == votes.max()) if votes.any() else []
+    choice = int(top[0]) if len(top) == 1 else None
+    failure = None if choice is not None else ("no rotation gave a parsable answer" if not votes.any()
+                                               else "rotations tie between " + ", ".join(item.letters[i] for i in top))
+    return {"id": item.id, "generation": [r["generation"] for r in records], "votes": votes.tolist(),
+            "choice": choice, "parse_error": failure, "correct": choice is not None and choice in item.correct}
+
+
+def summarise(records: list[dict]) -> dict:
+    return {"accuracy": float(np.mean([r["correct"] for r in records])) if records else None,
+            "parse_failures": float(np.mean([r["parse_error"] is not None for r in records])) if records else None}

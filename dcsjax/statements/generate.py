@@ -127,12 +127,17 @@ def filter_counts(out: Path) -> Counter:
 
 
 def template_statements(items: Sequence[Item], task: str, card, out: Path) -> Counter:
-    """The rule-based path, no model: each option put into the card's cloze blank or statement template."""
-    from dcsjax.data.tasks import statements_for
+    """The rule-based path, no model: the card's declarative rule (cloze blank, statement template or
+    statement options). A card without one needs a model to write the statements."""
+    from dcsjax.data.tasks import declarative_statements
+    from dcsjax.errors import ConfigError
 
-    make = statements_for(card)
-    generator = {"rule": "cloze" if card.cloze_blank else "template",
-                 "template": card.cloze_blank or card.statement_template}
+    make = declarative_statements(card)
+    if make is None or card.statements is None:
+        raise ConfigError(f"task {card.name} has no declarative rule for statements (its card names no cloze blank, "
+                          "statement template or statement options): generate them with --model")
+    generator = {"rule": card.statements, "template": card.cloze_blank if card.statements == "cloze"
+                 else card.statement_template}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as f:

@@ -8,6 +8,10 @@ Removing an option from both keeps the option count from giving the answer away:
 answer tells the versions apart. Tasks that ship their own IDK choice (BIG-bench `known_unknowns`, whose
 unanswerable questions have the correct option "Unknown") are used as they are.
 
+Options are shuffled per version (IDK among them), seeded by the run seed and the version's id: in
+BIG-bench's own order every answerable emoji_movie item has its answer at A, and a model trained on that
+order could learn a letter instead of abstention. `option_order="source"` keeps the source order.
+
 Splits are disjoint by question: both versions of a question go to the same split, chosen by a hash of
 the task and the normalised question text (so the same question repeated under two ids cannot straddle
 splits). The test split is only ever scored at the end.
@@ -25,7 +29,8 @@ from typing import Sequence
 from dcsjax.data.items import Item
 from dcsjax.data.tasks import load_task, resolve_task
 from dcsjax.errors import DcsjaxError
-from dcsjax.protocols.likelihood import IDK_CONTINUATION
+from dcsjax.protocols.dcs import IDK_CONTINUATION
+from dcsjax.protocols.options import permute, shuffled
 
 # Knowledge tasks of BIG-bench with 4-8 options, plus known_unknowns (its own IDK option).
 DEFAULT_TASKS = ("hindu_knowledge", "general_knowledge", "known_unknowns", "bigbench:emoji_movie",
@@ -68,9 +73,11 @@ def abstention_versions(item: Item, task: str, rng: random.Random) -> list[Item]
 
 def abstention_splits(tasks: Sequence[str] = DEFAULT_TASKS, *, per_task: int | None = None,
                       fractions: tuple[float, float, float] = (0.6, 0.2, 0.2),
-                      seed: int = 0) -> dict[str, list[Item]]:
+                      seed: int = 0, option_order: str = "shuffle") -> dict[str, list[Item]]:
     """{"train", "dev", "test"} -> items. per_task: at most this many questions of each task (the
-    first ones). `seed` only picks which wrong option the answerable version drops."""
+    first ones). `seed` picks which wrong option the answerable version drops and the option shuffle."""
+    if option_order not in ("shuffle", "source"):
+        raise DcsjaxError(f"option_order must be 'shuffle' or 'source' for training data, not {option_order!r}")
     rng = random.Random(seed)
     splits: dict[str, list[Item]] = {name: [] for name in SPLITS}
     for task in tasks:
@@ -81,6 +88,8 @@ def abstention_splits(tasks: Sequence[str] = DEFAULT_TASKS, *, per_task: int | N
                               f"{errors[0].reason}")
         for item in items[:per_task]:
             for version in abstention_versions(item, card.name, rng):
+                if option_order == "shuffle":
+                    version = permute(version, shuffled(version.id, len(version.choices), seed))
                 splits[split_of(version.source["group"], fractions)].append(version)
     return splits
 

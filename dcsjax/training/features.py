@@ -4,7 +4,7 @@ layers, kept as the residual stream the trainable top layers start from.
 Fine-tuning only the top `k` layers (and the final norm) makes the lower layers a fixed function of the
 prompt, so their output is cached: a training step then costs k layers instead of all of them, which is
 what lets a run of hundreds of steps fit two CPU cores. The readout is the letters elicitation of
-`protocols.likelihood.run_dcs_letters` exactly (same prompt, same tokens, the next-token logits of the
+`protocols.dcs.run_dcs_letters` exactly (same prompt, same tokens, the next-token logits of the
 option letters at the prompt's last token), so the trained model's scores are the ones `dcsjax eval`
 gives it (tests/test_training.py checks this).
 """
@@ -21,7 +21,7 @@ from flax import nnx
 
 from dcsjax.data.items import Item
 from dcsjax.errors import InputError
-from dcsjax.protocols.likelihood import letters_context
+from dcsjax.protocols.dcs import letters_context
 
 
 class LetterFeatures(NamedTuple):
