@@ -35,6 +35,13 @@ def _seeded_shuffle(item_id: str, correct: str, wrong: list[str]) -> tuple[list[
     return [options[i] for i in order], [int(np.flatnonzero(order == 0)[0])]
 
 
+def _hellaswag_text(text: str) -> str:
+    """HellaSwag's passages as lm-eval prepares them (its hellaswag `preprocess`): WikiHow's "[title]"
+    becomes a sentence break, other bracketed markers ("[header]", "[step]") go, double spaces close up."""
+    text = text.strip().replace(" [title]", ". ")
+    return re.sub(r"\[.*?\]", "", text).replace("  ", " ")
+
+
 def _winogender(row: Row) -> Parsed:
     """Winogender: which of the occupation and the participant the pronoun refers to; `label` indexes that
     pair. The question is the sentence and "'He' refers to", as in the Llama and GPT-3 evaluations."""
@@ -63,7 +70,8 @@ SCHEMAS: dict[str, Callable[..., Parsed]] = {
     "mmlu_pro": lambda row: (row["question"], list(row["options"]), [int(row["answer_index"])]),
     "truthfulqa_mc1": lambda row: (row["question"], list(row["mc1_targets"]["choices"]),
                                    [i for i, v in enumerate(row["mc1_targets"]["labels"]) if v == 1]),
-    "hellaswag": lambda row: (row["ctx"], list(row["endings"]), [int(row["label"])]),
+    "hellaswag": lambda row: (_hellaswag_text(f"{row['activity_label']}: {row['ctx_a']} {row['ctx_b'].capitalize()}"),
+                              [_hellaswag_text(e) for e in row["endings"]], [int(row["label"])]),
     "piqa": lambda row: (row["goal"], [row["sol1"], row["sol2"]], [int(row["label"])]),
     "winogrande": lambda row: (row["sentence"], [row["option1"], row["option2"]], [int(row["answer"]) - 1]),
     "copa": lambda row: (f"{row['premise']} What was the {row['question']}?", [row["choice1"], row["choice2"]],

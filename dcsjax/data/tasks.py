@@ -35,6 +35,7 @@ class BenchmarkCard:
     # a cloze task's blank in the question ("<MASK>", "_"): its statements fill the blank with each option
     cloze_blank: str | None = None
     qa_template: str = QA_TEMPLATE  # question + option, for qa-ppl
+    mcqa_context: str = "Question: {question}\nAnswer:"  # the context MCQA-LL continues with " " + option
     # hub datasets (source "hub:<dataset>"): its config, split and row schema (dcsjax/data/hub.py)
     hub_config: str | None = None
     split: str = "test"

@@ -1,4 +1,10 @@
-"""MCQA-LL (002 App. B): each option as a continuation of the question, under four normalisations."""
+"""MCQA-LL (002 App. B): each option as a continuation of the question, under four normalisations.
+
+The context is the card's `mcqa_context` ("Question: {question}\nAnswer:" unless the card says otherwise;
+HellaSwag's is the bare passage, as lm-eval has it). A cloze card (Winogrande's "_") is scored as lm-eval
+scores it, by partial evaluation: each option fills the blank in its own context, and the rest of the
+sentence is the continuation whose log-likelihood is compared.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,14 @@ from typing import Sequence
 import numpy as np
 
 from dcsjax.data.items import Item
+from dcsjax.errors import InputError
 
 NORMALISATIONS = ("sum", "token", "char", "byte")
+MCQA_CONTEXT = "Question: {question}\nAnswer:"
 
 
-def mcqa_context(item: Item) -> str:
-    return f"Question: {item.question}\nAnswer:"
+def mcqa_context(item: Item, template: str = MCQA_CONTEXT) -> str:
+    return template.format(question=item.question)
 
 
 def normalised(logprobs: Sequence[np.ndarray], texts: Sequence[str]) -> dict[str, np.ndarray]:
@@ -23,11 +31,32 @@ def normalised(logprobs: Sequence[np.ndarray], texts: Sequence[str]) -> dict[str
             "byte": total / np.array([len(t.encode()) for t in texts])}
 
 
-def run_mcqa(scorer, items: Sequence[Item]) -> list[dict]:
-    options = [[" " + c for c in item.choices] for item in items]
-    per_token = scorer.option_logprobs([mcqa_context(i) for i in items], options) if items else []
+def partial_contexts(item: Item, blank: str) -> tuple[list[str], str]:
+    """lm-eval's Winogrande: (the sentence up to the blank with each option, " " + the rest)."""
+    head, found, tail = item.question.rpartition(blank)
+    if not found or not tail.strip():
+        raise InputError(f"item {item.id}: a cloze sentence needs a blank {blank!r} with text after it")
+    return [head + c for c in item.choices], " " + tail.strip()
+
+
+def run_mcqa(scorer, items: Sequence[Item], card=None) -> list[dict]:
+    if not items:
+        return []
+    if card is not None and card.cloze_blank is not None:
+        parts = [partial_contexts(item, card.cloze_blank) for item in items]
+        flat = scorer.option_logprobs([c for contexts, _ in parts for c in contexts],
+                                      [[rest] for contexts, rest in parts for _ in contexts])
+        per_token, texts, at = [], [], 0
+        for item, (contexts, rest) in zip(items, parts):
+            per_token.append([lps[0] for lps in flat[at:at + len(contexts)]])
+            texts.append([rest] * len(contexts))
+            at += len(contexts)
+    else:
+        template = card.mcqa_context if card is not None else MCQA_CONTEXT
+        texts = [[" " + c for c in item.choices] for item in items]
+        per_token = scorer.option_logprobs([mcqa_context(i, template) for i in items], texts)
     records = []
-    for item, opts, lps in zip(items, options, per_token):
+    for item, opts, lps in zip(items, texts, per_token):
         scores = normalised(lps, opts)
         choices = {k: int(np.argmax(v)) for k, v in scores.items()}
         records.append({"id": item.id, "loglik": scores["sum"].round(6).tolist(), "choice": choices,
