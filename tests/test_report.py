@@ -12,7 +12,7 @@ from dcsjax.cli import main
 from dcsjax.evaluate import read_records, run_eval
 
 PNG = b"\x89PNG\r\n\x1a\n"
-FIGURES = ("scaling.png", "scaling_by_task.png", "dcs_spectrum.png", "risk_coverage.png", "ppl.png")
+FIGURES = ("scaling.png", "scaling_by_task.png", "dcs_spectrum.png", "risk_coverage.png", "ppl.png", "positions.png")
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,11 @@ def test_report_on_real_results(real_results, tmp_path):
         assert ("dcs-letters", metric) in rows and np.isfinite(rows["dcs-letters", metric]["value"])
     text = summary.read_text()
     assert "| smollm2-135m-instruct | misconceptions | dcs | brier |" in text and "too few" in text
+    # where gold options sat, from the records' own permutations (misconceptions: T, F shuffled)
+    apx_row = next(line for line in text.splitlines() if line.startswith("| smollm2-135m-instruct | misconceptions | apx | shuffle |"))
+    gold_a = np.mean([r["order"]["presentations"][0]["gold"] == ["A"] for r in apx])
+    assert f"A:{gold_a:.2f}" in apx_row and "| 12 |" in apx_row
+    assert "| smollm2-135m-instruct | misconceptions | 12 |" in text.split("IDK phrasing")[1]  # the IDK table
 
 
 def test_report_fits_scaling_curves_across_many_models(tmp_path):

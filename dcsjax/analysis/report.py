@@ -95,9 +95,9 @@ def metric_rows(models: dict[str, ModelResults], n_boot: int = 1000) -> list[dic
                 add = lambda metric, iv: rows.append({  # noqa: E731
                     "model": m.name, "task": task, "protocol": protocol, "metric": metric, "n": len(records),
                     "value": iv.estimate, "low": iv.low, "high": iv.high})
-                if protocol in ("aps", "apx", "mcqa"):
+                if protocol in ("aps", "qa-ppl", "apx", "mcqa"):
                     add("accuracy", mean_ci(_accuracy(protocol, records), n_boot))
-                if protocol == "aps":
+                if protocol in ("aps", "qa-ppl"):
                     add("ppl_delta", mean_ci([r["ppl_delta"] for r in records], n_boot))
                     add("ppl_correct", mean_ci([r["ppl_correct"] for r in records], n_boot))
                 if protocol == "apx":
@@ -146,6 +146,69 @@ def model_differences(models: dict[str, ModelResults], n_boot: int = 1000) -> li
                              "metric": "dcs_diff" if protocol in DCS_PROTOCOLS else "accuracy_diff", "n": len(ids),
                              "value": p.difference, "low": p.low, "high": p.high, "p_value": p.p_value})
     return rows
+
+
+def position_rows(models: dict[str, ModelResults]) -> list[dict]:
+    """Per model x task x protocol: where gold options and answers sat (002 A.3), and the best constant
+    answer's accuracy on the same presentations (records without presentation data are left out)."""
+    from dcsjax.protocols.options import position_report
+
+    rows = []
+    for m in models.values():
+        for task, by_protocol in sorted(m.records.items()):
+            for protocol, records in sorted(by_protocol.items()):
+                report = position_report(records)
+                if report["presentations"]:
+                    orders = sorted({r["order"]["name"] for r in records if "order" in r})
+                    rows.append({"model": m.name, "task": task, "protocol": protocol, "order": ",".join(orders),
+                                 "accuracy": float(_accuracy(protocol, records).mean()) if protocol != "dcs"
+                                 and protocol != "dcs-letters" else float(np.mean([r["correct"] for r in records])),
+                                 **report})
+    return rows
+
+
+def positions_table(rows: list[dict]) -> str:
+    def shares(counts: dict, total: int) -> str:
+        return " ".join(f"{k}:{v / total:.2f}" for k, v in counts.items() if v)
+
+    lines = ["| model | task | protocol | order | presentations | gold at | answered at | best constant | accuracy |",
+             "|---|---|---|---|---:|---|---|---|---:|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['task']} | {r['protocol']} | {r['order']} | {r['presentations']} | "
+                     f"{shares(r['gold'], r['presentations'])} | {shares(r['answer'], r['presentations'])} | "
+                     f"{r['best_constant_letter']} {r['best_constant']:.2f} | {r['accuracy']:.2f} |")
+    return "\n".join(lines)
+
+
+def idk_rows(models: dict[str, ModelResults]) -> list[dict]:
+    """Sequence DCS per task under each IDK phrasing and normalisation (the records carry them)."""
+    from dcsjax.protocols.dcs import summarise
+
+    rows = []
+    for m in models.values():
+        for task, by_protocol in sorted(m.records.items()):
+            records = by_protocol.get("dcs") or []
+            if records and all("idk_sensitivity" in r for r in records):
+                s = summarise(records)
+                rows.append({"model": m.name, "task": task, "n": len(records), "by_idk": s["dcs_by_idk"],
+                             "p_idk": s["p_idk_by_idk"], "by_normalisation": s["dcs_by_normalisation"],
+                             "spread": s["idk_spread"]})
+    return rows
+
+
+def idk_table(rows: list[dict]) -> str:
+    if not rows:
+        return "no sequence DCS records with IDK phrasings"
+    names = list(rows[0]["by_idk"])
+    norms = list(rows[0]["by_normalisation"])
+    lines = ["| model | task | n | " + " | ".join(f"DCS (pIDK) IDK = {n!r}" for n in names) + " | "
+             + " | ".join(f"DCS per {n}" for n in norms) + " | spread over phrasings |",
+             "|---|---|---:|" + "---:|" * (len(names) + len(norms) + 1)]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['task']} | {r['n']} | "
+                     + " | ".join(f"{r['by_idk'][n]:.3f} ({r['p_idk'][n]:.2f})" for n in names) + " | "
+                     + " | ".join(f"{r['by_normalisation'][n]:.3f}" for n in norms) + f" | {r['spread']:.3f} |")
+    return "\n".join(lines)
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -300,6 +363,32 @@ def dcs_spectrum_figure(models: dict[str, ModelResults], tasks: list[str], path:
     plt.close(fig)
 
 
+def positions_figure(rows: list[dict], path: Path) -> None:
+    """Per task: the share of presentations with the gold option at each letter (bars) and the share of
+    answers at each letter (markers, per model and protocol), as 002 Figure 6."""
+    plt = _plt()
+    tasks = sorted({r["task"] for r in rows})
+    fig, axes = _task_grid(plt, tasks)
+    for ax, task in zip(axes, tasks):
+        mine = [r for r in rows if r["task"] == task]
+        letters = list(mine[0]["gold"])
+        x = np.arange(len(letters))
+        first = mine[0]
+        ax.bar(x, [first["gold"][k] / first["presentations"] for k in letters], color="lightgrey",
+               label=f"gold ({first['order']})")
+        for i, r in enumerate(r for r in mine if r["protocol"] in ("apx", "dcs-letters")):
+            ax.plot(x, [r["answer"].get(k, 0) / r["presentations"] for k in letters], "o-", color=f"C{i}",
+                    markersize=3, label=f"{r['model']} {r['protocol']}")
+        ax.set_xticks(x, letters)
+        ax.set_ylim(0, 1)
+        ax.set_title(task, fontsize=9)
+        ax.set_ylabel("share of presentations")
+        _legend(ax, fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def risk_coverage_figure(models: dict[str, ModelResults], tasks: list[str], path: Path) -> None:
     plt = _plt()
     fig, axes = _task_grid(plt, tasks)
@@ -366,6 +455,10 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
     scaling_by_task_figure(models, tasks, out / "scaling_by_task.png")
     dcs_spectrum_figure(models, tasks, out / "dcs_spectrum.png")
     risk_coverage_figure(models, tasks, out / "risk_coverage.png")
+    positions = position_rows(models)
+    if positions:
+        positions_figure(positions, out / "positions.png")
+    idk = idk_rows(models)
     has_aps = any(m.records[t].get("aps") for m in models.values() for t in m.records)
     if has_aps:
         ppl_figure(models, tasks, out / "ppl.png")
@@ -386,7 +479,8 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
         "- ![Per task](scaling_by_task.png)",
         "- ![DCS against the target threshold](dcs_spectrum.png)",
         "- ![Risk-coverage curves](risk_coverage.png)",
-        *(["- ![APS perplexities](ppl.png)"] if has_aps else []), "",
+        *(["- ![APS perplexities](ppl.png)"] if has_aps else []),
+        *(["- ![Where gold options and answers sit](positions.png)"] if positions else []), "",
         "## Scaling fits", "",
         *(f"- {n}" for n in notes or ["no model sizes known: pass --sizes"]),
         *([f"- no size known for {', '.join(unsized)} (add it with --sizes)"] if unsized else []), "",
@@ -396,6 +490,13 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
            "record(s) of an item; the files were left as they are):", "",
            *(f"- {where}" for where in skipped.broken + skipped.duplicates), ""]
           if skipped.broken or skipped.duplicates else []),
+        "## Option positions (002 A.3)", "",
+        "Per presentation (a rotated item counts once per rotation): the share of gold options and of answers at "
+        "each letter, and the best constant answer (always that letter) on the same presentations: a score "
+        "near it is what a letter preference alone gives.", "", positions_table(positions), "",
+        "## Sequence DCS under each IDK phrasing", "",
+        "Mean DCS (mean pIDK) with IDK worded each way (summed log-likelihoods; 'any' = the sum of the phrasings' "
+        "probabilities, the headline), and with IDK = 'any' under each normalisation.", "", idk_table(idk), "",
         "## Every metric", "", markdown_table(rows), "",
     ]
     summary = out / "summary.md"
