@@ -278,5 +278,8 @@ def format_table(summary: dict) -> str:
     fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
     lines = [fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows)]
     notes = [f"! {r['model']} {r['task']} {r['protocol']}: {w}" for r in summary["rows"] for w in r.get("warnings", [])]
-    notes += [f"skipped {s['protocol']} on {s['task']}: {s['reason']}" for s in summary.get("skipped", [])]
+    reasons: dict = {}  # one line per protocol and reason, naming its tasks
+    for s in summary.get("skipped", []):
+        reasons.setdefault((s["protocol"], s["reason"]), []).append(s["task"])
+    notes += [f"skipped {protocol} on {', '.join(tasks)}: {reason}" for (protocol, reason), tasks in reasons.items()]
     return "\n".join(lines + ([""] + notes if notes else []))

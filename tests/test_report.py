@@ -44,7 +44,10 @@ def test_report_on_real_results(real_results, tmp_path):
     apx_row = next(line for line in text.splitlines() if line.startswith("| smollm2-135m-instruct | misconceptions | apx | shuffle |"))
     gold_a = np.mean([r["order"]["presentations"][0]["gold"] == ["A"] for r in apx])
     assert f"A:{gold_a:.2f}" in apx_row and "| 12 |" in apx_row
-    assert "| smollm2-135m-instruct | misconceptions | 12 |" in text.split("IDK phrasing")[1]  # the IDK table
+    assert "| smollm2-135m-instruct | misconceptions | 12 |" in text.split("## Sequence DCS under each IDK phrasing")[1]  # the IDK table
+    results_row = next(line for line in text.split("## Results")[1].splitlines() if line.startswith("| misconceptions (n=12)"))
+    aps_accuracy = np.mean([r["correct"] for r in read_records(folder / "aps.jsonl")])
+    assert results_row.split(" | ")[3].startswith(f"{aps_accuracy:.2f} [")
 
 
 def test_report_fits_scaling_curves_across_many_models(tmp_path):

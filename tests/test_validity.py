@@ -127,7 +127,7 @@ def test_parser_hard_cases(generation, choices, expected):
 
 
 def test_aps_without_declarative_statements_is_refused_before_the_model_loads(tmp_path):
-    with pytest.raises(ConfigError, match="aps on known_unknowns: task known_unknowns has no declarative statements.*qa-ppl"):
+    with pytest.raises(ConfigError, match="aps on known_unknowns: no declarative statements.*qa-ppl"):
         run_eval("no-such-model", ["known_unknowns"], ["aps", "dcs"], tmp_path)
     assert not (tmp_path / "summary.json").exists()
     for task in ("misconceptions", "logical_deduction_three_objects", "timedial", "winogrande", "hellaswag", "winogender"):

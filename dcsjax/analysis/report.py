@@ -211,6 +211,44 @@ def idk_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def results_table(models: dict[str, ModelResults], n_boot: int = 1000) -> str:
+    """One line per task x model: each protocol's headline with its 95% interval, APX's parse failures,
+    the best constant answer of the letter protocols, and the spread of sequence DCS over IDK phrasings."""
+    from dcsjax.protocols.options import position_report
+
+    columns = [("aps", "APS acc"), ("qa-ppl", "QA-PPL acc"), ("mcqa", "MCQA-LL acc (sum)"),
+               ("apx", "APX acc (parse failures)"), ("dcs", "DCS seq (IDK spread)"), ("dcs-letters", "DCS letters")]
+    lines = ["| task | model | best constant (letters) | " + " | ".join(c for _, c in columns) + " |",
+             "|---|---|---|" + "---|" * len(columns)]
+    tasks = sorted({t for m in models.values() for t in m.records})
+    for task in tasks:
+        for m in models.values():
+            by = m.records.get(task)
+            if not by:
+                continue
+            n = max(len(r) for r in by.values())
+            letters = by.get("dcs-letters") or by.get("apx") or []
+            report = position_report(letters)
+            cells = [f"{task} (n={n})", m.name, "-" if report["best_constant"] is None else
+                     f"{report['best_constant_letter']} {report['best_constant']:.2f}"]
+            for protocol, _ in columns:
+                records = by.get(protocol)
+                if not records:
+                    cells.append("-")
+                    continue
+                iv = mean_ci(headline_values(protocol, records), n_boot)
+                cell = f"{iv.estimate:.2f} [{iv.low:.2f}, {iv.high:.2f}]"
+                if protocol == "apx":
+                    cell += f" ({np.mean([r['parse_error'] is not None for r in records]):.0%})"
+                if protocol == "dcs" and all("idk_sensitivity" in r for r in records):
+                    from dcsjax.protocols.dcs import summarise
+
+                    cell += f" ({summarise(records)['idk_spread']:.2f})"
+                cells.append(cell)
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def markdown_table(rows: list[dict]) -> str:
     lines = ["| model | task | protocol | metric | n | value | 95% CI |", "|---|---|---|---|---:|---:|---|"]
     for r in rows:
@@ -490,6 +528,10 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
            "record(s) of an item; the files were left as they are):", "",
            *(f"- {where}" for where in skipped.broken + skipped.duplicates), ""]
           if skipped.broken or skipped.duplicates else []),
+        "## Results", "",
+        "Each protocol's headline (accuracy; DCS for the DCS protocols) with its 95% interval; APX's parse failures "
+        "and the spread of sequence DCS over IDK phrasings in parentheses; the best constant answer is that of "
+        "the letter protocols' presentations.", "", results_table(models, n_boot), "",
         "## Option positions (002 A.3)", "",
         "Per presentation (a rotated item counts once per rotation): the share of gold options and of answers at "
         "each letter, and the best constant answer (always that letter) on the same presentations: a score "

@@ -71,9 +71,9 @@ def _build() -> dict[str, Protocol]:
                  settings=lambda ctx: {"statements": _aps_source(ctx),
                                        "template": ctx.card.statement_template if ctx.card.statements == "template" else None},
                  unavailable=lambda ctx: None if _aps_statements(ctx) else (
-                     f"task {ctx.card.name} has no declarative statements (its card has no cloze blank, statement "
-                     "template or statement options): give --statements FILE from `dcsjax statements generate`, "
-                     "or use qa-ppl (question + option perplexity, which is not APS)")),
+                     "no declarative statements (the card has no cloze blank, statement template or statement "
+                     "options): give --statements FILE from `dcsjax statements generate`, or use qa-ppl (question "
+                     "+ option perplexity, which is not APS)")),
         Protocol("qa-ppl", "perplexity ranking of question + option texts (the card's qa_template; not APS)",
                  run=lambda ctx, items: aps.run_qa_ppl(ctx.scorer, items, ctx.card.qa_template),
                  summarise=aps.summarise, headline=lambda r: float(r["correct"]), answer=choice,
