@@ -253,7 +253,7 @@ def _train_parser(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dcsjax.protocols.dcs import IDK_PHRASINGS
+    from dcsjax.protocols import IDK_PHRASINGS
     from dcsjax.protocols.options import DEFAULT_ORDER, ORDERS
 
     parser = argparse.ArgumentParser(prog="dcsjax", description=__doc__)

@@ -140,7 +140,7 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
     from dcsjax import distributed
     from dcsjax import protocols as registry
     from dcsjax.data.tasks import load_task, resolve_task
-    from dcsjax.protocols.dcs import IDK_PHRASINGS
+    from dcsjax.protocols import IDK_PHRASINGS
 
     idk_phrasings = tuple(idk_phrasings or IDK_PHRASINGS)
     lc, lw = check_arguments(protocols, limit, threshold, option_order, idk_phrasings)

@@ -14,6 +14,10 @@ from typing import Callable, Sequence
 from dcsjax.data.items import Item
 from dcsjax.protocols import options
 
+# Wordings of "I don't know" that sequence DCS scores; the first is the IDK option's text where an item
+# needs one written out (the letter prompt, the fine-tuning data). See `dcs.py` for why there are several.
+IDK_PHRASINGS = ("I don't know.", "Unknown", "I do not know the answer to this question.")
+
 
 @dataclass(frozen=True)
 class Context:
@@ -24,7 +28,7 @@ class Context:
     lw: float = 1.0
     statements: Callable[[Item], Sequence[str]] | None = None  # APS: from a statements file, else the card's rule
     statements_file: str | None = None
-    idk_phrasings: tuple[str, ...] = ()
+    idk_phrasings: tuple[str, ...] = IDK_PHRASINGS
 
 
 @dataclass(frozen=True)

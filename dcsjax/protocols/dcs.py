@@ -24,9 +24,9 @@ from scipy.special import logsumexp
 
 from dcsjax.data.items import LETTERS, Item
 from dcsjax.kernels.dcs import dcs_parts, softmax_over_options
+from dcsjax.protocols import IDK_PHRASINGS  # the registry holds the default wordings
 from dcsjax.protocols.mcqa import mcqa_context, normalised
 
-IDK_PHRASINGS = ("I don't know.", "Unknown", "I do not know the answer to this question.")
 IDK_CONTINUATION = IDK_PHRASINGS[0]  # the IDK option's text where an item needs one written out
 IDK_NORMALISATIONS = ("sum", "token", "byte")
 ANY_PHRASING = "any"  # the IDK class as the set of phrasings: the sum of their probabilities
