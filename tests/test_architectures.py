@@ -228,7 +228,7 @@ def test_eval_and_report_of_a_model_without_a_card(tiny_dirs, tmp_path):
     from dcsjax.cli import main
 
     directory = tiny_dirs / "qwen3"
-    assert main(["eval", "--model", str(directory), "--tasks", "known_unknowns", "--protocols", "aps,apx",
+    assert main(["eval", "--model", str(directory), "--tasks", "known_unknowns", "--protocols", "qa-ppl,apx",
                  "--limit", "3", "--output", str(tmp_path), "--document-start", "<|endoftext|>",
                  "--variant", "base"]) == 0
     models = load_results([tmp_path])

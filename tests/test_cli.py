@@ -18,8 +18,8 @@ def test_models_fetch_score(capsys):
 
 
 def test_eval_prints_a_table(capsys, tmp_path):
-    """The README's main job, on one task and a few items (`dcsjax demo` runs all five tasks)."""
-    assert main(["eval", "--tasks", "known_unknowns", "--protocols", "aps,dcs", "--limit", "4",
+    """The README's main job, on one task and a few items (`dcsjax demo` runs seven tasks)."""
+    assert main(["eval", "--tasks", "known_unknowns", "--protocols", "qa-ppl,dcs", "--limit", "4",
                  "--output", str(tmp_path)]) == 0
     captured = capsys.readouterr()
     assert "known_unknowns  dcs" in captured.out and "95% CI" in captured.out
