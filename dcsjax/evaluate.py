@@ -220,7 +220,13 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
                 rows.append(summary_row(scorer.name, card.name, protocol, records, len(errors) + len(scoring_errors),
                                         lc, lw, fingerprint, settings["settings"], time.perf_counter() - start))
         if lead:
-            writer.update_summary(rows)
+            run = {"model": model, "model_identity": model_identity, "tasks": [c.name for c in cards],
+                   "protocols": list(protocols), "limit": limit, "threshold": threshold, "lc": lc, "lw": lw,
+                   "option_order": option_order, "seed": seed, "idk_phrasings": list(idk_phrasings),
+                   "statements": str(statements) if statements else None, "dtype": dtype,
+                   "mesh": None if mesh is None else str(mesh), "batch_size": batch_size,
+                   "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "versions": results.environment()}
+            writer.update_summary(rows, run)
     # this run's rows, in its order (summary.json also keeps the rows of earlier runs of other tasks)
     return distributed.from_rank0({"rows": rows, "skipped": skipped})
 

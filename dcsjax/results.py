@@ -82,6 +82,34 @@ def code_version() -> dict[str, str]:
     return {"dcsjax": __version__, "sources": h.hexdigest()[:12]}
 
 
+def environment() -> dict:
+    """The versions and devices a run used, for summary.json: dcsjax (its source digest, and its git
+    commit where it runs from a checkout), Python, jax, jaxlib, flax, transformers, numpy, the devices."""
+    import platform
+    import subprocess
+    from importlib import metadata
+
+    import jax
+
+    def version(package):
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return None
+
+    package = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "-C", str(package), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    devices = jax.devices()
+    return {**code_version(), "git_commit": commit, "python": platform.python_version(),
+            **{name: version(name) for name in ("jax", "jaxlib", "flax", "transformers", "numpy")},
+            "devices": {"platform": devices[0].platform, "kind": devices[0].device_kind, "count": len(devices),
+                        "processes": jax.process_count()}}
+
+
 def differences(old: dict, new: dict, prefix: str = "") -> list[str]:
     """'key: old -> new' for every leaf that differs between two settings dicts."""
     out = []
@@ -323,14 +351,24 @@ class ResultsWriter:
         tmp.write_text("".join(json.dumps(json_safe(e)) + "\n" for e in errors))
         os.replace(tmp, path)
 
-    def update_summary(self, rows: list[dict]) -> dict:
+    def update_summary(self, rows: list[dict], run: dict | None = None) -> dict:
         """Merge rows into summary.json by (model, task, protocol): a new row replaces the old one of its
-        key, every other row stays. Written atomically, NaN as null."""
+        key, every other row stays. `run` (the run's configuration and versions) is kept under `runs` by its
+        digest, which each of its rows names in `run`; runs no row names any more are dropped. Written
+        atomically, NaN as null."""
         self._mkdir(self.output)
         summary = read_summary(self.output)
+        runs = dict(summary.get("runs", {}))
+        if run is not None:
+            run_id = digest(run, 12)
+            runs[run_id] = run
+            for row in rows:  # the caller's rows name their run too
+                row["run"] = run_id
         merged = {tuple(r[k] for k in SUMMARY_KEY): r for r in summary["rows"]}
         for row in rows:
             merged[tuple(row[k] for k in SUMMARY_KEY)] = row
-        summary = {**summary, "rows": json_safe(list(merged.values()))}
+        named = {r.get("run") for r in merged.values()}
+        summary = {**summary, "rows": json_safe(list(merged.values())),
+                   "runs": json_safe({k: v for k, v in runs.items() if k in named})}
         write_json_atomic(self.output / SUMMARY, summary)
         return summary

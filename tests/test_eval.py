@@ -35,7 +35,17 @@ def test_eval_writes_records_summary_and_table(tmp_path):
     letters = read_records(tmp_path / "smollm2-135m-instruct" / "known_unknowns" / "dcs-letters.jsonl")
     assert all(0 < r["letter_mass"] <= 1 for r in letters)
     assert "known_unknowns" in format_table(summary)
-    assert json.loads((tmp_path / "summary.json").read_text())["rows"] == summary["rows"]
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["rows"] == summary["rows"]
+    # the run that made the rows: its configuration and versions, named by every row
+    run = written["runs"][summary["rows"][0]["run"]]
+    assert {r["run"] for r in written["rows"]} == set(written["runs"])
+    assert run["model"] == "smollm2-135m-instruct" and run["model_identity"]["sha256"]
+    assert (run["protocols"], run["limit"], run["option_order"], run["seed"], run["dtype"], run["lc"]) == (
+        PROTOCOLS + ["mcqa", "dcs-letters"], LIMIT, "shuffle", 0, "float32", 1.0)
+    versions = run["versions"]
+    assert all(versions[k] for k in ("dcsjax", "sources", "python", "jax", "jaxlib", "flax", "transformers", "numpy"))
+    assert versions["devices"]["platform"] == "cpu" and versions["devices"]["count"] >= 1
 
 
 @pytest.fixture(scope="module")
