@@ -147,12 +147,15 @@ def cmd_train_abstain(args) -> int:
 
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
                  if f.name not in ("arm", "seed") and getattr(args, f.name, None) is not None}
+    ints = lambda text: [int(x) for x in text.split(",")] if text else None  # noqa: E731
     results = run_experiment(args.model, args.out, tasks=args.tasks.split(","), per_task=args.per_task,
-                             arms=args.arms.split(","), seeds=[int(s) for s in args.seeds.split(",")],
-                             top_layers=args.top_layers, base=TrainConfig(**overrides),
-                             export_arm=args.export_arm or None, n_boot=args.n_boot, progress=not args.quiet)
+                             arms=args.arms.split(","), thresholds=[float(t) for t in args.thresholds.split(",")],
+                             seeds=ints(args.seeds), adapters=args.adapters.split(","), top_layers=args.top_layers,
+                             lora_layers=args.lora_layers, lora_seeds=ints(args.lora_seeds),
+                             base=TrainConfig(**overrides), export_threshold=args.export_threshold,
+                             n_boot=args.n_boot, mesh=args.mesh, progress=not args.quiet)
     print(summary_table(results))
-    print(f"{args.out}: results.json, summary.md, training.png" + (", model/" if "exported" in results else "")
+    print(f"{args.out}: results.json, summary.md, thresholds.png, training.png" + (", model/" if "exported" in results else "")
           + f" ({results['seconds']:.0f} s)")
     return 0
 
@@ -233,21 +236,30 @@ def _train_parser(sub) -> None:
     from dcsjax.training.train import TrainConfig
 
     d = TrainConfig()
-    p = sub.add_parser("train-abstain", help="fine-tune a model's top layers to abstain (DCS loss) and compare "
-                                             "arms on a held-out split")
+    p = sub.add_parser("train-abstain", help="fine-tune a model to abstain with DCS at target thresholds and compare "
+                                             "it with post-hoc thresholding on a held-out split")
     p.add_argument("--model", default=DEMO_MODEL)
     p.add_argument("--out", default="runs/abstain", help="run folder: data, features, checkpoints, results")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS))
     p.add_argument("--per-task", type=int, default=None, help="at most N questions of each task")
-    p.add_argument("--arms", default="start,ce,dcs,dcs+ce")
+    p.add_argument("--arms", default="ce,dcs+ce", help="trained arms (ce, dcs, dcs+ce); the starting model is always "
+                                                       "scored")
+    p.add_argument("--thresholds", default="0.25,0.5,0.75", help="target thresholds t (lc = 1, lw = t/(1-t))")
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--top-layers", type=int, default=2, help="blocks fine-tuned at the top; the rest are frozen")
-    p.add_argument("--export-arm", default="dcs+ce", help="arm whose seed-0 model is saved to OUT/model ('' for none)")
+    p.add_argument("--adapters", default="top", help="top (the top blocks trained outright), lora (adapters on every "
+                                                     "projection), or both: top,lora")
+    p.add_argument("--top-layers", type=int, default=2, help="blocks trained by the top adapter; the rest are frozen")
+    p.add_argument("--lora-layers", type=int, default=None, help="blocks LoRA adapts (default: all)")
+    p.add_argument("--lora-seeds", default=None, help="seeds of the LoRA arms (default: --seeds)")
+    p.add_argument("--export-threshold", type=float, default=0.5, help="the DCS model at this t (seed 0) is saved "
+                                                                       "to OUT/model")
+    p.add_argument("--mesh", default=None, help="data x model devices for the training step, e.g. 2x4")
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    for name in ("steps", "batch_size", "accumulate", "eval_every", "patience", "ce_warmup", "warmup_steps"):
+    for name in ("steps", "batch_size", "accumulate", "eval_every", "patience", "ce_warmup", "warmup_steps",
+                 "lora_rank"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None, help=f"default {getattr(d, name)}")
-    for name in ("learning_rate", "weight_decay", "beta", "gamma", "lc", "lw"):
+    for name in ("learning_rate", "weight_decay", "beta", "gamma", "lora_alpha"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=None, help=f"default {getattr(d, name)}")
     p.set_defaults(func=cmd_train_abstain)
 

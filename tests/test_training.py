@@ -13,7 +13,7 @@ import dcsjax
 from conftest import reference_for, scorer_for
 from dcsjax.data.items import Item
 from dcsjax.protocols.dcs import run_dcs_letters
-from dcsjax.training.data import abstention_splits, abstention_versions, question_key, split_of
+from dcsjax.training.data import SPLITS, abstention_splits, abstention_versions, question_key, split_of
 from dcsjax.training.features import letter_features
 from dcsjax.training.train import (
     TrainConfig, arm_loss, batch_indices, distributions, letter_logits, predict_logits, top_params, train,
@@ -63,6 +63,33 @@ def test_training_data_options_are_shuffled_so_no_letter_gives_the_answer():
     assert n == 200 and k == 5 and gold.max() < 0.3 and idk.max() < 0.3, (gold, idk)
     source = [i for split in abstention_splits(("bigbench:emoji_movie",), option_order="source").values() for i in split]
     assert all(i.idk == 4 and i.correct in ((0,), (4,)) for i in source)  # the order a model could exploit
+
+
+def test_both_unanswerable_constructions_are_labelled_and_bbq_templates_stay_in_one_split():
+    """Removing the correct option ("option removed") and a question unanswerable by its wording (BBQ's
+    ambiguous contexts, known_unknowns) are told apart on every version; BBQ's items, generated from 15
+    templates with names swapped and a disambiguating sentence added, go to one split per template."""
+    from dcsjax.training.data import CONSTRUCTIONS
+
+    splits = abstention_splits(("hindu_knowledge", "known_unknowns", "bbq_religion_ambig", "bbq_religion_disambig"))
+    items = [i for v in splits.values() for i in v]
+    assert {i.source["construction"] for i in items} == set(CONSTRUCTIONS)
+    for item in items:
+        task = item.source["benchmark"]
+        want = ("answerable" if item.answerable else
+                "wording" if "bbq" in task or "known_unknowns" in task else "option removed")
+        assert item.source["construction"] == want, item.id
+        if "bbq" in task:
+            assert item.idk is not None and (item.choices[item.idk] in item.choices)  # its own "unknown" option
+            assert item.answerable == task.endswith("disambig")
+    template_split = {}
+    for name, split in splits.items():
+        for item in split:
+            if "template" in item.source:
+                assert template_split.setdefault(item.source["template"], name) == name, item.source["template"]
+    assert len(template_split) == 15 and set(template_split.values()) == set(SPLITS)
+    by_kind = {k: sum(i.source["construction"] == k for i in splits["test"]) for k in CONSTRUCTIONS}
+    assert by_kind["wording"] > 30 and by_kind["option removed"] > 30, by_kind
 
 
 def test_batches_are_a_pure_function_of_seed_and_step():
@@ -147,41 +174,77 @@ def test_a_killed_run_resumes_where_it_stopped(small_features, tmp_path):
 
 
 def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path):
-    """CI's short version of `dcsjax train-abstain`: a few steps on a tiny split."""
+    """CI's short version of `dcsjax train-abstain`: a few steps on a tiny split, both adapters (LoRA on the
+    top 2 blocks here; the experiment's default is every block), two thresholds, the post-hoc baselines."""
     from dcsjax.evaluate import run_eval
     from dcsjax.training.experiment import run_experiment
     from dcsjax.training.features import load_features
 
     out = tmp_path / "abstain"
     cfg = TrainConfig(steps=12, batch_size=8, eval_every=6, ce_warmup=4, learning_rate=3e-4, patience=10)
-    results = run_experiment(SMOL, out, tasks=("hindu_knowledge", "known_unknowns"), per_task=14,
-                             arms=("start", "dcs+ce"), seeds=(0,), base=cfg, n_boot=50, progress=False)
-    assert set(results["arms"]) == {"start", "dcs+ce"} and (out / "training.png").stat().st_size > 0
+    results = run_experiment(SMOL, out, tasks=("hindu_knowledge", "known_unknowns"), per_task=14, thresholds=(0.5, 0.75),
+                             seeds=(0,), adapters=("top", "lora"), lora_layers=2, base=cfg, export_adapter="lora",
+                             n_boot=50, progress=False)
+    for t in ("0.5", "0.75"):
+        entry = results["by_threshold"][t]
+        assert set(entry["policies"]) == {"start", "start+tau", "ce+tau", "dcs+ce", "ce+tau (lora)", "dcs+ce (lora)"}
+        assert "dcs+ce (lora) - ce+tau (lora)" in entry["paired"] and "dcs+ce - start+tau" in entry["paired"]
+        assert entry["policies"]["start+tau"]["metrics"]["dcs"] == [None, None, None]  # thresholded: no distribution
+    for name in ("summary.md", "thresholds.png", "training.png"):
+        assert (out / name).stat().st_size > 0
+    assert results["exported"]["adapter"] == "lora" and results["exported"]["threshold"] == 0.5
 
-    # the loss on the training items falls from the starting model to the trained one
+    # the loss on the training items falls from the starting model to the exported (LoRA merged) one
     scorer = dcsjax.load(SMOL)
     start = top_params(scorer.model, 2)
     trained = dcsjax.load(out / "model")
-    train_set = load_features(out / "features" / "train.npz")
+    train_set = load_features(out / "features" / "top2" / "train.npz")
+    dcs_cfg = TrainConfig(arm="dcs+ce", lw=1.0, ce_warmup=4)
 
     def loss(model_params):
         logits = letter_logits(scorer.config, model_params, scorer.model.output_embedding, train_set.hidden,
                                train_set.length, train_set.letters)
-        return float(arm_loss(cfg, logits, train_set.correct, train_set.idk, train_set.valid, None, cfg.steps)[0])
+        return float(arm_loss(dcs_cfg, logits, train_set.correct, train_set.idk, train_set.valid, None, cfg.steps)[0])
 
     assert loss(top_params(trained.model, 2)) < loss(start) - 1e-3
+    # LoRA changes only the adapted blocks' projections: the rest of the exported model is the start's
+    for name, value in scorer.model.layers.arrays().items():
+        if name not in ("q", "k", "v", "o", "gate", "up", "down"):
+            np.testing.assert_array_equal(np.asarray(trained.model.layers.arrays()[name]), np.asarray(value))
+    np.testing.assert_array_equal(np.asarray(trained.model.layers.arrays()["q"][:-2]),
+                                  np.asarray(scorer.model.layers.arrays()["q"][:-2]))
 
     # the exported model, loaded by name of its folder, scores the test split in eval as in training
     run_eval(str(out / "model"), [f"jsonl:{out / 'data' / 'test.jsonl'}"], ["dcs-letters"], out / "eval",
              progress=False, option_order="source")  # the data file's options are shuffled already
     records = [json.loads(line) for line in next((out / "eval").rglob("dcs-letters.jsonl")).read_text().splitlines()]
-    logits = np.load(out / "runs" / "dcs+ce-seed0" / "test_logits.npy")
-    test_set = load_features(out / "features" / "test.npz")
+    logits = np.load(out / "runs" / "lora" / "t0.5" / "dcs+ce-seed0" / "test_logits.npy")
+    test_set = load_features(out / "features" / "top2" / "test.npz")
     probs = np.asarray(distributions(logits, test_set).probs)
     for row, record in zip(probs, records):
         np.testing.assert_allclose(row[:len(record["probs"])], record["probs"], atol=2e-5)
-    assert results["arms"]["dcs+ce"]["metrics"]["dcs"][0] == pytest.approx(
-        np.mean([r["dcs"] for r in records]), abs=1e-4)
+    want = results["by_threshold"]["0.5"]["policies"]["dcs+ce (lora)"]["metrics"]["dcs"][0]
+    assert want == pytest.approx(np.mean([r["dcs"] for r in records]), abs=1e-4)
+
+
+def test_lora_starts_at_the_base_model_and_trains_only_its_factors():
+    """B = 0 at the start: the adapted weights are the base weights exactly; a nonzero pair adds
+    (alpha / r) a @ b to each projection, reshaped to its [in..., out...] layout."""
+    from dcsjax.training.train import adapted, init_trainable
+
+    scorer = scorer_for(SMOL)
+    base = top_params(scorer.model, 2)
+    cfg = TrainConfig(adapter="lora", lora_rank=4, lora_alpha=8.0)
+    lora = init_trainable(cfg, base)
+    assert set(lora["lora"]) == {"q", "k", "v", "o", "gate", "up", "down"}
+    for name, value in adapted(cfg, lora, base)["layers"].items():
+        np.testing.assert_array_equal(np.asarray(value), np.asarray(base["layers"][name]))
+    o = base["layers"]["o"]  # [2, heads, head_dim, embed]: its input is heads x head_dim
+    assert lora["lora"]["o"]["a"].shape == (2, o.shape[1] * o.shape[2], 4) and lora["lora"]["o"]["b"].shape == (2, 4, o.shape[3])
+    pair = {"a": lora["lora"]["o"]["a"], "b": jax.numpy.ones_like(lora["lora"]["o"]["b"])}
+    moved = adapted(cfg, {"lora": {"o": pair}}, base)["layers"]["o"]
+    want = np.asarray(o) + 2.0 * np.einsum("lir,lro->lio", np.asarray(pair["a"]), np.ones((2, 4, o.shape[3]))).reshape(o.shape)
+    np.testing.assert_allclose(np.asarray(moved), want, rtol=1e-5, atol=1e-6)
 
 
 def test_accumulated_micro_batches_make_the_same_update_as_one_batch(small_features):
@@ -201,7 +264,7 @@ def test_accumulated_micro_batches_make_the_same_update_as_one_batch(small_featu
         idx = np.arange(8).reshape(accumulate, batch)
         arrays = tuple(np.asarray(x)[idx] for x in (data.hidden, data.length, data.letters, data.correct, data.idk,
                                                       data.valid))
-        updated[accumulate], _, _ = _train_step(scorer.config, cfg, sgd, params, sgd.init(params),
+        updated[accumulate], _, _ = _train_step(scorer.config, cfg, sgd, params, sgd.init(params), params,
                                                 scorer.model.output_embedding, arrays,
                                                 np.zeros((accumulate, batch, data.letters.shape[1]), np.float32), 0.0)
     moved = 0.0
@@ -209,3 +272,28 @@ def test_accumulated_micro_batches_make_the_same_update_as_one_batch(small_featu
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)  # summation order
         moved = max(moved, float(np.abs(np.asarray(a) - np.asarray(before)).max()))
     assert moved > 1e-4  # the step did move the parameters
+
+
+def test_the_training_step_on_a_mesh_equals_one_device():
+    """The same `train` on 2x4 and 8x1 meshes of 8 simulated CPU devices (batch over `data`, heads, MLP
+    width and vocabulary over `model`) as on one device, both adapters, 4 updates that move the weights:
+    parameters, training losses and dev scores within 1e-5 (a process of its own: the device count is
+    fixed when jax starts)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, str(Path(__file__).with_name("mesh_training_check.py"))], env=env,
+                         capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    print(json.dumps(result))
+    assert result["devices"] == 8
+    for adapter in ("top", "lora"):
+        r = result[adapter]
+        assert r["moved"] > 1e-3  # the updates did move the weights, far beyond the tolerance
+        for mesh in ("2x4", "8x1"):
+            assert r[mesh]["param_diff"] < 1e-5 and r[mesh]["dev_score_diff"] < 1e-5 and r[mesh]["loss_diff"] < 1e-5, r
+        assert r["2x4"]["up_sharding"] == "P(None, None, 'model')"  # the MLP width split four ways

@@ -14,6 +14,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 from dcsjax.data.items import Item, ItemError, check_item
 from dcsjax.errors import DcsjaxError, FetchError
@@ -71,7 +72,7 @@ def fetch_bigbench(quiet: bool = False) -> Path:
     return root
 
 
-def bigbench_items(task: str, idk_choice: str | None = None) -> tuple[list[Item], list[ItemError]]:
+def bigbench_items(task: str, idk_choice: str | Sequence[str] | None = None) -> tuple[list[Item], list[ItemError]]:
     """Items of a BIG-bench task (or all its subtasks) and error records for examples that fail checks."""
     root = fetch_bigbench(quiet=True)
     path = root / task / "task.json"
@@ -102,7 +103,7 @@ def _read_json(path: Path) -> dict:
         raise DcsjaxError(f"{path}: broken JSON at line {err.lineno}: {err.msg}") from err
 
 
-def _task_items(task: str, data: dict, idk_choice: str | None, where: str) -> tuple[list[Item], list[ItemError]]:
+def _task_items(task: str, data: dict, idk_choice: str | Sequence[str] | None, where: str) -> tuple[list[Item], list[ItemError]]:
     prefix = data.get("task_prefix", "") or ""
     items: list[Item] = []
     errors: list[ItemError] = []
@@ -119,19 +120,23 @@ def _task_items(task: str, data: dict, idk_choice: str | None, where: str) -> tu
         idk = _find_choice(choices, idk_choice)
         text = str(example.get("input", "")).strip()
         question = f"{prefix.strip()}\n{text}" if prefix.strip() else text
-        item = Item(id=f"{task}/{index}", question=question, choices=choices,
-                    correct=correct, idk=idk, source={"benchmark": f"bigbench:{task}", "example": index, "input": text})
+        source = {"benchmark": f"bigbench:{task}", "example": index, "input": text}
+        comment = example.get("comment")
+        if isinstance(comment, dict) and "question_index" in comment:  # BBQ: examples generated from templates
+            source["template"] = f"{comment.get('category', task)}/{comment['question_index']}"
+        item = Item(id=f"{task}/{index}", question=question, choices=choices, correct=correct, idk=idk, source=source)
         checked = check_item(item, here)
         (items if isinstance(checked, Item) else errors).append(checked)
     return items, errors
 
 
-def _find_choice(choices: tuple[str, ...], text: str | None) -> int | None:
-    """Index of the card's IDK choice, matched after stripping whitespace and case, so ' Unknown' counts."""
+def _find_choice(choices: tuple[str, ...], text: str | Sequence[str] | None) -> int | None:
+    """Index of the card's IDK choice (one text, or several: BBQ words it ten ways), matched after stripping
+    whitespace and case, so ' Unknown' counts."""
     if text is None:
         return None
-    wanted = text.strip().casefold()
+    wanted = {t.strip().casefold() for t in ([text] if isinstance(text, str) else text)}
     for i, choice in enumerate(choices):
-        if choice.strip().casefold() == wanted:
+        if choice.strip().casefold() in wanted:
             return i
     return None

@@ -28,7 +28,7 @@ STATEMENT_RULES = ("choices", "cloze", "template")
 class BenchmarkCard:
     name: str
     source: str
-    idk_choice: str | None = None
+    idk_choice: str | list[str] | None = None  # the option meaning "I don't know" (several wordings: any)
     statements: str | None = None  # how APS gets declarative statements: STATEMENT_RULES, or None
     statement_template: str | None = None  # declarative; {question}, {input} (BIG-bench: without the prefix), {choice}
     choice_words: dict[str, str] | None = None  # option text -> the word a statement uses ("T" -> "true")

@@ -5,8 +5,12 @@ For each question with at least three options, two versions with the same number
 - unanswerable: the correct option removed, so every remaining option is wrong and the right answer is
   "I don't know."
 Removing an option from both keeps the option count from giving the answer away: only knowing the
-answer tells the versions apart. Tasks that ship their own IDK choice (BIG-bench `known_unknowns`, whose
-unanswerable questions have the correct option "Unknown") are used as they are.
+answer tells the versions apart. Tasks that ship their own IDK choice are used as they are: their
+unanswerable questions are unanswerable *by their wording*, which needs no knowledge to see (BIG-bench
+`known_unknowns`, whose right option is then "Unknown"; BBQ's ambiguous contexts, `bbq_religion_ambig`,
+beside the same contexts disambiguated, `bbq_religion_disambig`). Every version says which of the two
+constructions made it (`source["construction"]`: "answerable", "option removed", "wording"), so results
+report abstention on each apart.
 
 Options are shuffled per version (IDK among them), seeded by the run seed and the version's id: in
 BIG-bench's own order every answerable emoji_movie item has its answer at A, and a model trained on that
@@ -14,7 +18,8 @@ order could learn a letter instead of abstention. `option_order="source"` keeps 
 
 Splits are disjoint by question: both versions of a question go to the same split, chosen by a hash of
 the task and the normalised question text (so the same question repeated under two ids cannot straddle
-splits). The test split is only ever scored at the end.
+splits); items generated from one template (BBQ) go together, by template, whatever their names and
+context. The test split is only ever scored at the end.
 """
 
 from __future__ import annotations
@@ -34,12 +39,20 @@ from dcsjax.protocols.options import permute, shuffled
 
 # Knowledge tasks of BIG-bench with 4-8 options, plus known_unknowns (its own IDK option).
 DEFAULT_TASKS = ("hindu_knowledge", "general_knowledge", "known_unknowns", "bigbench:emoji_movie",
-                 "bigbench:movie_recommendation", "bigbench:ruin_names")
+                 "bigbench:movie_recommendation", "bigbench:ruin_names", "bbq_religion_ambig", "bbq_religion_disambig")
+CONSTRUCTIONS = ("answerable", "option removed", "wording")  # how a version was made (its unanswerability)
 SPLITS = ("train", "dev", "test")
 
 
 def question_key(task: str, question: str) -> str:
     return f"{task}\n{' '.join(question.casefold().split())}"
+
+
+def group_key(item: Item, task: str) -> str:
+    """What must not straddle splits: the template an item was generated from (BBQ: ambiguous and
+    disambiguated versions, every name swap), else the question itself."""
+    template = item.source.get("template")
+    return f"template\n{template}" if template else question_key(task, item.question)
 
 
 def split_of(key: str, fractions: tuple[float, float, float]) -> str:
@@ -52,10 +65,12 @@ def split_of(key: str, fractions: tuple[float, float, float]) -> str:
 
 def abstention_versions(item: Item, task: str, rng: random.Random) -> list[Item]:
     """The answerable and unanswerable versions of one item, each with an explicit IDK option last."""
-    key = question_key(task, item.question)
+    key = group_key(item, task)
     if item.idk is not None:  # the task has its own IDK option: its items are used as they are
         kind = "answerable" if item.answerable else "unanswerable"
-        return [replace(item, id=f"{item.id}/{kind}", source={**item.source, "version": kind, "group": key})]
+        return [replace(item, id=f"{item.id}/{kind}", source={**item.source, "version": kind, "group": key,
+                                                              "construction": "answerable" if item.answerable
+                                                              else "wording"})]
     if len(item.choices) < 3 or len(item.correct) != 1:
         return []  # two options would leave a single one; several correct ones have no single removal
     correct = item.correct[0]
@@ -66,8 +81,10 @@ def abstention_versions(item: Item, task: str, rng: random.Random) -> list[Item]
         choices = tuple(item.choices[i] for i in keep) + (IDK_CONTINUATION,)
         idk = len(choices) - 1
         answer = (keep.index(correct),) if kind == "answerable" else (idk,)
+        construction = "answerable" if kind == "answerable" else "option removed"
         versions.append(Item(id=f"{item.id}/{kind}", question=item.question, choices=choices, correct=answer,
-                             idk=idk, source={**item.source, "version": kind, "group": key}))
+                             idk=idk, source={**item.source, "version": kind, "group": key,
+                                              "construction": construction}))
     return versions
 
 
@@ -100,5 +117,6 @@ def write_jsonl(items: Sequence[Item], path: Path) -> Path:
     with path.open("w") as f:
         for item in items:
             f.write(json.dumps({"id": item.id, "question": item.question, "choices": list(item.choices),
-                                "answer": list(item.correct), "idk": item.idk}) + "\n")
+                                "answer": list(item.correct), "idk": item.idk,
+                                "construction": item.source.get("construction")}) + "\n")
     return path

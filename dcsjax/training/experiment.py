@@ -1,14 +1,21 @@
 """`dcsjax train-abstain`: the abstention fine-tuning experiment, end to end and resumable.
 
-1. Answerable and unanswerable versions of real BIG-bench items, split by question (`data.py`); the
-   splits are written as `jsonl:` benchmark files, so `dcsjax eval` can score any of them.
-2. The frozen lower layers run once per split (`features.py`), cached in the output folder.
-3. Every arm x seed trains from the same starting model (`train.py`), each in its own resumable run folder;
-   the starting model itself is the "start" arm.
-4. The held-out test split is scored once per finished run with its best (by dev DCS) parameters:
-   metrics pooled over seeds with 95% bootstrap intervals over test items, a table, a plot of dev DCS and
-   coverage against steps, and `results.json`.
-5. The chosen arm's seed-0 model is written as an HF directory that `dcsjax.load` reads back.
+The question: does training with DCS at a target threshold t beat thresholding a model afterwards?
+1. Answerable and unanswerable versions of real BIG-bench items (two constructions: correct option
+   removed, unanswerable by wording), options shuffled, split by question (`data.py`); the splits are
+   written as `jsonl:` benchmark files, so `dcsjax eval` can score any of them.
+2. The frozen lower layers run once per split (`features.py`), cached in the output folder. Every arm
+   reads the same prompt (dcs-letters at lc = lw = 1), so the only thing that changes with t is the
+   training objective (DCS arms) or the tuned threshold (baselines), never the input.
+3. Arms, each from the same starting model, each seed and adapter in its own resumable run folder: "ce"
+   (plain fine-tuning, once: it does not depend on t) and, at every t, "dcs+ce" (and "dcs") with
+   lw = t / (1 - t).
+4. Policies on the held-out test split at every t (`policies.py`): the starting model and the CE model
+   thresholded post hoc (tau tuned on dev for the score at t), the starting model as it is, and each DCS
+   arm's own choice. Metrics pooled over seeds with 95% bootstrap intervals over test items, and paired
+   intervals of each DCS arm minus each baseline on the same items.
+5. A table and a figure over t (`summary.md`, `thresholds.png`), training curves (`training.png`),
+   `results.json`; one DCS model (seed 0, `export_threshold`) written as an HF directory `dcsjax.load` reads.
 """
 
 from __future__ import annotations
@@ -20,28 +27,26 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from dcsjax.metrics.bootstrap import bootstrap_ci
-from dcsjax.metrics.calibration import ABSTENTION_METRICS, Distributions
-from dcsjax.training.data import DEFAULT_TASKS, SPLITS, abstention_splits, write_jsonl
+from dcsjax.kernels.dcs import loadings_from_threshold as loadings
+from dcsjax.training.data import CONSTRUCTIONS, DEFAULT_TASKS, SPLITS, abstention_splits, write_jsonl
 from dcsjax.training.features import letter_features, load_features, save_features
+from dcsjax.training.policies import (
+    METRIC_LABELS, outcomes, own_choice, paired, summarise, thresholded, tune_threshold,
+)
 from dcsjax.training.train import ARMS, TrainConfig, distributions, merge_top, predict_logits, top_params, train
-
-ARM_LABELS = {"start": "starting model", "ce": "cross-entropy", "dcs": "DCS only", "dcs+ce": "DCS + CE"}
 
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def cached_features(scorer, items, split: str, out: Path, top_layers: int, lc: float, lw: float, progress: bool):
-    """A split's frozen-layer features, computed once and kept under `out/features/` (keyed by what they
-    depend on, so changing the model, the layers or the items recomputes them)."""
+def cached_features(scorer, items, split: str, folder: Path, top_layers: int, lc: float, lw: float, progress: bool):
+    """A split's frozen-layer features, computed once and kept in `folder` (keyed by what they depend on,
+    so changing the model, the layers or the items recomputes them)."""
     key = {"model": scorer.name, "top_layers": top_layers, "lc": lc, "lw": lw, "items": [i.id for i in items]}
-    path, meta = out / "features" / f"{split}.npz", out / "features" / f"{split}.json"
+    path, meta = folder / f"{split}.npz", folder / f"{split}.json"
     if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == key:
         return load_features(path)
     from tqdm.auto import tqdm
@@ -54,111 +59,225 @@ def cached_features(scorer, items, split: str, out: Path, top_layers: int, lc: f
     return features
 
 
-def pooled_interval(metric, dists: list[Distributions], n_boot: int) -> tuple[float, float, float]:
-    """The metric averaged over seeds, with a 95% interval from resampling test items (the same items for
-    every seed): item-level uncertainty, with the seeds' spread folded into the point estimate."""
-    stacked = Distributions(*(jnp.stack(parts, axis=1) for parts in zip(*dists)))  # [N, S, K]
-    statistic = lambda d: jnp.mean(jax.vmap(metric, in_axes=1)(d))  # noqa: E731
-    return tuple(bootstrap_ci(statistic, stacked, n_boot=n_boot))
+THRESHOLDS = (0.25, 0.5, 0.75)
+POLICY_LABELS = {"start": "starting model, own choice", "start+tau": "starting model + threshold",
+                 "ce+tau": "cross-entropy + threshold", "dcs": "DCS at t", "dcs+ce": "DCS + CE at t"}
+BASELINES = ("start+tau", "ce+tau")
+
+
+def run_dir(out: Path, adapter: str, arm: str, seed: int, t: float | None) -> Path:
+    where = out / "runs" / adapter
+    return (where if t is None else where / f"t{t:g}") / f"{arm}-seed{seed}"
 
 
 def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs/abstain", *,
                    tasks: Sequence[str] = DEFAULT_TASKS, per_task: int | None = None,
-                   arms: Sequence[str] = ("start", *ARMS), seeds: Sequence[int] = (0, 1, 2), top_layers: int = 2,
-                   base: TrainConfig = TrainConfig(), export_arm: str | None = "dcs+ce", n_boot: int = 1000,
-                   progress: bool = True) -> dict:
+                   arms: Sequence[str] = ("ce", "dcs+ce"), thresholds: Sequence[float] = THRESHOLDS,
+                   seeds: Sequence[int] = (0, 1, 2), adapters: Sequence[str] = ("top",), top_layers: int = 2,
+                   lora_layers: int | None = None, lora_seeds: Sequence[int] | None = None,
+                   base: TrainConfig = TrainConfig(), export_threshold: float | None = 0.5,
+                   export_adapter: str | None = None, n_boot: int = 1000, mesh=None, progress: bool = True) -> dict:
+    """lora_layers: the blocks LoRA adapts (default all); lora_seeds: fewer seeds for the LoRA arms.
+    The first DCS arm's seed-0 model at `export_threshold` (with `export_adapter`, default the first one)
+    is saved to OUT/model, merged."""
     import dcsjax
 
     started = time.time()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for arm in arms:
-        if arm not in ("start", *ARMS):
-            raise ValueError(f"unknown arm {arm!r}: one of start, {', '.join(ARMS)}")
+        if arm not in ARMS:
+            raise ValueError(f"unknown arm {arm!r}: one of {', '.join(ARMS)} (the starting model is always scored)")
+    thresholds = [float(t) for t in thresholds]
+    for t in thresholds:
+        loadings(t)  # refuses t outside (0, 1)
     scorer = dcsjax.load(model, progress=progress)
     c = scorer.config
+    depth = {"top": top_layers, "lora": lora_layers or c.num_layers}  # adapted blocks, per adapter
     splits = abstention_splits(tasks, per_task=per_task)
     for split in SPLITS:
         write_jsonl(splits[split], out / "data" / f"{split}.jsonl")
-    counts = {s: {"items": len(v), "unanswerable": sum(not i.answerable for i in v)} for s, v in splits.items()}
+    kinds = {s: np.array([i.source["construction"] for i in v]) for s, v in splits.items()}
+    counts = {s: {"items": len(v), **{k: int(np.sum(kinds[s] == k)) for k in CONSTRUCTIONS}} for s, v in splits.items()}
     _log(f"items: {counts}")
-    features = {s: cached_features(scorer, splits[s], s, out, top_layers, base.lc, base.lw, progress) for s in SPLITS}
     embedding = scorer.model.output_embedding
-    start = top_params(scorer.model, top_layers)
+    timings: dict[str, float] = {}
 
-    test_dists: dict[str, list[Distributions]] = {}
+    def features_at(k: int) -> dict:
+        tic = time.time()
+        f = {s: cached_features(scorer, splits[s], s, out / "features" / f"top{k}", k, 1.0, 1.0, progress)
+             for s in SPLITS}
+        timings[f"features_top{k}"] = timings.get(f"features_top{k}", 0.0) + round(time.time() - tic, 1)
+        return f
+
+    features = {k: features_at(k) for k in sorted(set(depth[a] for a in adapters) | {top_layers})}
+    start = top_params(scorer.model, top_layers)
+    start_dists = {s: distributions(predict_logits(c, start, embedding, features[top_layers][s]),
+                                    features[top_layers][s]) for s in ("dev", "test")}
+
+    # every trained model: (adapter, arm, t or None) -> per seed {"dev", "test"} distributions
+    models: dict[tuple, list[dict]] = {}
     histories: dict[str, list[list[dict]]] = {}
-    per_seed: dict[str, list[dict]] = {}
-    best_params = {}
-    for arm in arms:
-        if arm == "start":
-            test_dists[arm] = [distributions(predict_logits(c, start, embedding, features["test"]), features["test"])]
-            per_seed[arm] = [{"seed": None, "best_step": 0}]
-            continue
-        for seed in seeds:
-            cfg = replace(base, arm=arm, seed=seed)
-            result = train(scorer.model, features["train"], features["dev"], cfg, out / "runs" / f"{arm}-seed{seed}",
-                           top_layers, progress=progress, log=_log)
-            logits = predict_logits(c, result["best"], embedding, features["test"])
-            np.save(out / "runs" / f"{arm}-seed{seed}" / "test_logits.npy", logits)  # per item, for any later analysis
-            test_dists.setdefault(arm, []).append(distributions(logits, features["test"]))
-            histories.setdefault(arm, []).append(result["history"])
-            per_seed.setdefault(arm, []).append({"seed": seed, "best_step": result["best_step"], "steps": result["steps"],
-                                                 "best_dev_dcs": result["best_dcs"]})
-            if arm == export_arm and seed == seeds[0]:
-                best_params[arm] = result["best"]
+    per_run: list[dict] = []
+    exported = None
+    for adapter in adapters:
+        k = depth[adapter]
+        f = features[k]
+        adapter_seeds = list(lora_seeds if adapter == "lora" and lora_seeds is not None else seeds)
+        jobs = [(arm, None) if arm == "ce" else (arm, t) for arm in arms for t in ([None] if arm == "ce" else thresholds)]
+        for arm, t in jobs:
+            lc, lw = (base.lc, base.lw) if t is None else loadings(t)
+            for seed in adapter_seeds:
+                cfg = replace(base, arm=arm, seed=seed, lc=lc, lw=lw, adapter=adapter)
+                folder = run_dir(out, adapter, arm, seed, t)
+                tic = time.time()
+                result = train(scorer.model, f["train"], f["dev"], cfg, folder, k, progress=progress, log=_log,
+                               mesh=mesh)
+                dists = {}
+                for split in ("dev", "test"):
+                    logits = predict_logits(c, result["best"], embedding, f[split])
+                    np.save(folder / f"{split}_logits.npy", logits)  # per item, for any later analysis
+                    dists[split] = distributions(logits, f[split])
+                models.setdefault((adapter, arm, t), []).append(dists)
+                histories.setdefault(f"{adapter} {arm}" + ("" if t is None else f" t={t:g}"), []).append(result["history"])
+                per_run.append({"adapter": adapter, "arm": arm, "t": t, "seed": seed, "best_step": result["best_step"],
+                                "steps": result["steps"], "best_dev_score": result["best_score"],
+                                "seconds": round(time.time() - tic, 1)})
+                if (exported is None and arm != "ce" and t == export_threshold and seed == adapter_seeds[0]
+                        and adapter == (export_adapter or adapters[0])):
+                    exported = (adapter, arm, t, seed, result["best"], k)
 
     results = {"model": scorer.name, "tasks": list(tasks), "per_task": per_task, "top_layers": top_layers,
-               "config": asdict(base), "seeds": list(seeds), "splits": counts, "arms": {}}
-    for arm, dists in test_dists.items():
-        results["arms"][arm] = {
-            "metrics": {name: pooled_interval(metric, dists, n_boot) for name, metric in ABSTENTION_METRICS.items()},
-            "per_seed": [dict(info, **{name: float(metric(d)) for name, metric in ABSTENTION_METRICS.items()})
-                         for info, d in zip(per_seed[arm], dists)],
-        }
-    # per source task (seed-averaged): is abstention learned from what the question says, or everywhere?
-    task_of = np.array([item.id.split("/")[0] for item in splits["test"]])
-    for arm, dists in test_dists.items():
-        results["arms"][arm]["by_task"] = {
-            task: {name: float(np.mean([metric(d.take(jnp.asarray(np.flatnonzero(task_of == task)))) for d in dists]))
-                   for name, metric in ABSTENTION_METRICS.items()} | {"items": int(np.sum(task_of == task))}
-            for task in sorted(set(task_of))}
+               "lora_layers": depth["lora"] if "lora" in adapters else None, "adapters": list(adapters),
+               "config": asdict(base), "seeds": list(seeds), "lora_seeds": list(lora_seeds or seeds),
+               "thresholds": thresholds, "splits": counts, "runs": per_run, "n_boot": n_boot}
+    results["by_threshold"] = {f"{t:g}": threshold_results(t, start_dists, models, kinds["test"], n_boot)
+                               for t in thresholds}
     results["histories"] = histories
-    if export_arm in best_params:
-        merge_top(scorer.model, best_params[export_arm])
+    if exported is not None:
+        adapter, arm, t, seed, params, k = exported
+        merge_top(scorer.model, params)
         from dcsjax.checkpoints.export import save_hf_dir
 
         save_hf_dir(scorer.model, scorer.tokenizer, out / "model", card=scorer.card.name if scorer.card else None,
-                    metadata={"trained": {"arm": export_arm, "seed": seeds[0], "top_layers": top_layers,
-                                          "tasks": list(tasks), "config": asdict(base)}})
-        results["exported"] = str(out / "model")
+                    metadata={"trained": {"arm": arm, "adapter": adapter, "threshold": t, "seed": seed,
+                                          "layers": k, "tasks": list(tasks), "config": asdict(base)}})
+        results["exported"] = {"path": str(out / "model"), "adapter": adapter, "arm": arm, "threshold": t}
     results["seconds"] = round(time.time() - started, 1)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    results["timings"] = timings | {
+        f"{a} {arm}": round(sum(r["seconds"] for r in per_run if r["adapter"] == a and r["arm"] == arm), 1)
+        for a in adapters for arm in arms}
+    text = json.dumps(results, indent=2)
+    tmp = out / "results.json.tmp"
+    tmp.write_text(text)
+    tmp.replace(out / "results.json")  # a kill mid-write leaves the previous file whole
     (out / "summary.md").write_text(summary_table(results))
+    plot_thresholds(results, out / "thresholds.png")
     if histories:
         plot_training(histories, out / "training.png")
     return results
 
 
+def threshold_results(t: float, start: dict, models: dict, kind: np.ndarray, n_boot: int) -> dict:
+    """Every policy at t on the test split: metrics with intervals, thresholds, and the paired differences
+    of each DCS-trained policy against each post-hoc baseline."""
+    _, lw = loadings(t)
+    indices = np.random.default_rng(0).integers(0, len(kind), (n_boot, len(kind)))
+    policies: dict[str, tuple] = {}  # name -> (Outcomes, extra info)
+    tau = tune_threshold(start["dev"], lw)
+    policies["start"] = (outcomes([start["test"]], [own_choice(start["test"])], lw, soft=True), {})
+    policies["start+tau"] = (outcomes([start["test"]], [thresholded(start["test"], tau)], lw, soft=False),
+                             {"tau": [tau]})
+    for (adapter, arm, at), runs in models.items():
+        suffix = "" if adapter == "top" else f" ({adapter})"
+        if arm == "ce":
+            taus = [tune_threshold(r["dev"], lw) for r in runs]
+            policies["ce+tau" + suffix] = (outcomes([r["test"] for r in runs], [thresholded(r["test"], x)
+                                                    for r, x in zip(runs, taus)], lw, soft=False), {"tau": taus})
+        elif at == t:
+            policies[arm + suffix] = (outcomes([r["test"] for r in runs], [own_choice(r["test"]) for r in runs], lw,
+                                               soft=True), {})
+    entry = {"lw": lw, "policies": {}, "paired": {}}
+    for name, (o, info) in policies.items():
+        entry["policies"][name] = {"metrics": summarise(o, kind, indices), "seeds": int(o.gain.shape[0]), **info}
+    for name, (o, _) in policies.items():
+        if name.split(" ")[0] in ("dcs", "dcs+ce"):
+            suffix = name[len(name.split(" ")[0]):]
+            for baseline in BASELINES:
+                for other in (baseline + suffix, baseline):
+                    if other in policies and f"{name} - {other}" not in entry["paired"]:
+                        entry["paired"][f"{name} - {other}"] = paired(o, policies[other][0], indices)
+    return entry
+
+
+def _label(name: str) -> str:
+    head, _, rest = name.partition(" ")
+    return POLICY_LABELS.get(head, head) + (f" {rest}" if rest else "")
+
+
 def summary_table(results: dict) -> str:
-    names = list(ABSTENTION_METRICS)
-    lines = [f"Held-out test split: {results['splits']['test']['items']} items "
-             f"({results['splits']['test']['unanswerable']} unanswerable); {results['model']}, top "
-             f"{results['top_layers']} layers trained; seeds {results['seeds']}; 95% bootstrap intervals over "
-             "test items, metrics averaged over seeds.", "",
-             "| arm | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    for arm, entry in results["arms"].items():
-        cells = [f"{v:+.3f} [{lo:+.3f}, {hi:+.3f}]" if name == "dcs" else f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
-                 for name, (v, lo, hi) in entry["metrics"].items()]
-        lines.append(f"| {ARM_LABELS.get(arm, arm)} | " + " | ".join(cells) + " |")
-    lines += ["", "By source task (seed-averaged; abstention and over-abstention on that task's items):", "",
-              "| arm | task | items | dcs | accuracy | abstain_unanswerable | over_abstention |",
-              "|---|---|---:|---:|---:|---:|---:|"]
-    for arm, entry in results["arms"].items():
-        for task, m in entry.get("by_task", {}).items():
-            lines.append(f"| {ARM_LABELS.get(arm, arm)} | {task} | {m['items']} | {m['dcs']:+.3f} | {m['accuracy']:.3f} "
-                         f"| {m['abstain_unanswerable']:.3f} | {m['over_abstention']:.3f} |")
-    return "\n".join(lines) + "\n"
+    counts = results["splits"]["test"]
+    names = list(METRIC_LABELS)
+    lines = [f"Held-out test split: {counts['items']} items ({counts['option removed']} with the correct option "
+             f"removed, {counts['wording']} unanswerable by wording, {counts['answerable']} answerable); "
+             f"{results['model']}; adapters {', '.join(results['adapters'])} (top: {results['top_layers']} blocks"
+             + (f"; LoRA: {results['lora_layers']} blocks, seeds {results['lora_seeds']}" if results["lora_layers"] else "")
+             + f"); seeds {results['seeds']}; metrics pooled over seeds, 95% bootstrap intervals over test items. "
+             "A decision scores +1 right, -t/(1-t) wrong, 0 abstained; 'distribution' is DCS of the model's "
+             "whole option+IDK distribution (a thresholded policy has none).", ""]
+    for t, entry in results["by_threshold"].items():
+        lines += [f"### t = {t} (lw = {entry['lw']:.3g})", "",
+                  "| policy | " + " | ".join(METRIC_LABELS[n] for n in names) + " |", "|---|" + "---:|" * len(names)]
+        for name, p in entry["policies"].items():
+            cells = []
+            for n in names:
+                v, lo, hi = p["metrics"][n]
+                cells.append("-" if v is None else f"{v:+.3f} [{lo:+.3f}, {hi:+.3f}]" if n in ("score", "dcs")
+                             else f"{v:.3f}")
+            tau = f" (tau {np.mean(p['tau']):.2f})" if "tau" in p else ""
+            lines.append(f"| {_label(name)}{tau} | " + " | ".join(cells) + " |")
+        if entry["paired"]:
+            lines += ["", "| DCS-trained minus baseline, same items | difference in decision score | 95% interval "
+                      "| share of resamples <= 0 |", "|---|---:|---:|---:|"]
+            for pair, (d, lo, hi, p0) in entry["paired"].items():
+                a, b = pair.split(" - ")
+                lines.append(f"| {_label(a)} - {_label(b)} | {d:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {p0:.3f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_thresholds(results: dict, path: Path) -> None:
+    """Each metric against t, one line per policy (intervals as bars); accuracy when answering against
+    the line y = t that Proposition 1 sets."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ts = [float(t) for t in results["by_threshold"]]
+    names = list(dict.fromkeys(n for e in results["by_threshold"].values() for n in e["policies"]))
+    panels = ["score", "selective_accuracy", "coverage", "abstain_removed", "abstain_wording", "over_abstention"]
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
+    for ax, metric in zip(axes.flat, panels):
+        for i, name in enumerate(names):
+            pts = [(t, e["policies"][name]["metrics"][metric]) for t, e in zip(ts, results["by_threshold"].values())
+                   if name in e["policies"] and e["policies"][name]["metrics"][metric][0] is not None]
+            if not pts:
+                continue
+            x = np.array([p[0] for p in pts]) + (i - len(names) / 2) * 0.008  # side by side
+            v, lo, hi = (np.array([p[1][j] for p in pts]) for j in range(3))
+            ax.errorbar(x, v, yerr=[v - lo, hi - v], marker="o", ms=4, capsize=2, lw=1.2, label=_label(name))
+        if metric == "selective_accuracy":
+            ax.plot(ts, ts, "k--", lw=0.8, label="t (Proposition 1)")
+        ax.set_title(METRIC_LABELS[metric])
+        ax.set_xlabel("target threshold t")
+        ax.set_xticks(ts)
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"{results['model']}: held-out test split, {results['splits']['test']['items']} items")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def plot_training(histories: dict[str, list[list[dict]]], path: Path) -> None:
@@ -168,13 +287,13 @@ def plot_training(histories: dict[str, list[list[dict]]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    panels = [("dev_dcs", "dev DCS"), ("dev_coverage", "dev coverage"),
+    panels = [("dev_score", "dev score that selects (DCS at t; -CE for ce)"), ("dev_coverage", "dev coverage"),
               ("dev_abstain_unanswerable", "dev abstention on unanswerable")]
     for ax, (key, title) in zip(axes, panels):
-        for (arm, runs), color in zip(histories.items(), ("C0", "C1", "C2", "C3")):
+        for j, (run, runs) in enumerate(histories.items()):
             for i, history in enumerate(runs):
-                ax.plot([e["step"] for e in history], [e[key] for e in history], color=color, alpha=0.8,
-                        lw=1.2, label=ARM_LABELS.get(arm, arm) if i == 0 else None)
+                ax.plot([e["step"] for e in history], [e[key] for e in history], color=f"C{j % 10}", alpha=0.8,
+                        lw=1.2, label=run if i == 0 else None)
         ax.set_title(title)
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)

@@ -1,9 +1,16 @@
-"""Fine-tuning the top layers of a real model for abstention: one arm (loss) and one seed per run.
+"""Fine-tuning a real model for abstention: one arm (loss), one adapter and one seed per run.
 
-The trainable parameters are the top `k` blocks and the final norm, taken out of the NNX model as a plain
-pytree: the blocks are stacked along a leading `layers` axis, so "the top k layers" is a slice of every
-block parameter, which no NNX variable filter can express. The lower layers are frozen and their output is
-cached (`features.py`); the embedding (tied to the output head in SmolLM2) stays frozen.
+The adapted part is the top `k` blocks (and the final norm), taken out of the NNX model as a plain pytree:
+the blocks are stacked along a leading `layers` axis, so "the top k layers" is a slice of every block
+parameter, which no NNX variable filter can express. The lower layers are frozen and their output is
+cached (`features.py`); the embedding (tied to the output head in SmolLM2) stays frozen. Two adapters
+(`ADAPTERS`):
+- "top": the top k blocks' weights and the final norm are trained outright;
+- "lora": low-rank adapters on every attention and MLP projection (q, k, v, o, gate, up, down) of the top
+  k blocks (k = all layers: the whole model), W + (alpha / r) A B with B = 0 at the start, the base weights
+  frozen. This is `flax.nnx.LoRA`'s update, written over the stacked layer arrays (nnx.LoRA wraps one
+  Linear; here a projection is one slice of a [layers, ...] array and the blocks run under `lax.scan`), and
+  merged into the weights for scoring and export (`adapted`), so the exported model is a plain checkpoint.
 
 A run is resumable: orbax checkpoints hold the parameters, the optimizer state, the best parameters so
 far and the evaluation log, and the order of the data is a pure function of (seed, step), so a killed run
@@ -28,14 +35,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from dcsjax.errors import ConfigError
+from dcsjax.kernels.dcs import dcs, option_masses
 from dcsjax.metrics.calibration import ABSTENTION_METRICS, Distributions
-from dcsjax.nn.decoder import attention_masks, layer_flags, normalize, readout_block, rope_tables, run_blocks, softcap
+from dcsjax.nn.decoder import (
+    attention_masks, layer_flags, layer_param_shapes, normalize, readout_block, rope_tables, run_blocks, softcap,
+)
+from dcsjax.sharding import make_mesh
 from dcsjax.training.features import LetterFeatures
 from dcsjax.training.loss import dcs_loss, option_ce
 
 ARMS = ("ce", "dcs", "dcs+ce")
+ADAPTERS = ("top", "lora")
+# LoRA's projections: name -> how many leading (after `layers`) axes are its input (o: heads x head_dim)
+LORA_PROJECTIONS = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1}
 
 
 @dataclass(frozen=True)
@@ -55,10 +71,15 @@ class TrainConfig:
     lw: float = 1.0
     eval_every: int = 25
     patience: int = 4  # evaluations without a better dev DCS before stopping
+    adapter: str = "top"
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
 
     def __post_init__(self) -> None:
         if self.arm not in ARMS:
             raise ValueError(f"arm must be one of {ARMS}, not {self.arm!r}")
+        if self.adapter not in ADAPTERS:
+            raise ValueError(f"adapter must be one of {ADAPTERS}, not {self.adapter!r}")
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -67,6 +88,39 @@ def top_params(model, top_layers: int) -> dict:
     finals = [name for name in ("final_norm", "final_norm_bias") if hasattr(model, name)]
     return {"layers": {name: jnp.asarray(v[-top_layers:], jnp.float32) for name, v in model.layers.arrays().items()},
             **{name: jnp.asarray(getattr(model, name)[...], jnp.float32) for name in finals}}
+
+
+def init_trainable(cfg: TrainConfig, base: dict) -> dict:
+    """What the optimizer updates: the top parameters themselves ("top"), or per projection a LoRA pair
+    a [k, in, r] (scaled normal, seeded by the run seed) and b [k, r, out] = 0 ("lora")."""
+    if cfg.adapter == "top":
+        return base
+    layers = base["layers"]
+    if "expert_up" in layers:
+        raise ConfigError("LoRA covers dense MLPs only; a mixture-of-experts model trains with --adapter top")
+    keys = jax.random.split(jax.random.PRNGKey(cfg.seed), len(LORA_PROJECTIONS))
+    lora = {}
+    for key, (name, n_in) in zip(keys, LORA_PROJECTIONS.items()):
+        if name not in layers:
+            continue
+        shape = layers[name].shape
+        k, d_in, d_out = shape[0], int(np.prod(shape[1:1 + n_in])), int(np.prod(shape[1 + n_in:]))
+        lora[name] = {"a": jax.random.normal(key, (k, d_in, cfg.lora_rank), jnp.float32) / np.sqrt(d_in),
+                      "b": jnp.zeros((k, cfg.lora_rank, d_out), jnp.float32)}
+    return {"lora": lora}
+
+
+def adapted(cfg: TrainConfig, trainable: dict, base: dict) -> dict:
+    """The top parameters the model runs with: `trainable` itself, or the base with each LoRA product
+    W + (alpha / r) a @ b added (merged: the forward pass and the export see ordinary weights)."""
+    if cfg.adapter == "top":
+        return trainable
+    scale = cfg.lora_alpha / cfg.lora_rank
+    layers = dict(base["layers"])
+    for name, pair in trainable["lora"].items():
+        delta = jnp.einsum("lir,lro->lio", pair["a"], pair["b"]).reshape(layers[name].shape)
+        layers[name] = layers[name] + scale * delta
+    return {**base, "layers": layers}
 
 
 def merge_top(model, params: dict) -> None:
@@ -133,13 +187,14 @@ def batch_indices(seed: int, step: int, accumulate: int, batch_size: int, n: int
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2))
-def _train_step(c, cfg: TrainConfig, optimizer, params, opt_state, embedding, batch, start_logits, step):
-    """One update from `accumulate` micro-batches (leading axis of every batch array), grads summed."""
+def _train_step(c, cfg: TrainConfig, optimizer, params, opt_state, base, embedding, batch, start_logits, step):
+    """One update of the trainable `params` (the adapter's; `base` the frozen top parameters) from
+    `accumulate` micro-batches (leading axis of every batch array), grads summed."""
     def micro(grads, mb):
         (hidden, length, letters, correct, idk, valid), start = mb
 
         def loss_fn(p):
-            logits = letter_logits(c, p, embedding, hidden, length, letters)
+            logits = letter_logits(c, adapted(cfg, p, base), embedding, hidden, length, letters)
             return arm_loss(cfg, logits, correct, idk, valid, start, step)
 
         (_, stats), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -175,6 +230,16 @@ def distributions(logits: np.ndarray, features: LetterFeatures) -> Distributions
     return Distributions(probs, jnp.asarray(features.correct), jnp.asarray(features.idk), jnp.asarray(features.valid))
 
 
+def selection_score(cfg: TrainConfig, logits: np.ndarray, dev: LetterFeatures) -> float:
+    """What picks a run's best step and stops it early, on the dev split: the arm's own objective. DCS at
+    the run's loadings for the DCS arms; minus the cross-entropy for "ce" (plain fine-tuning selects by its
+    own loss, not by the score it is compared on: thresholding it for that score comes afterwards)."""
+    if cfg.arm == "ce":
+        return -float(option_ce(jnp.asarray(logits), jnp.asarray(dev.correct), jnp.asarray(dev.valid)))
+    d = distributions(logits, dev)
+    return float(jnp.mean(dcs(*option_masses(*d), cfg.lc, cfg.lw)))
+
+
 def evaluate(d: Distributions) -> dict[str, float]:
     return {name: float(metric(d)) for name, metric in ABSTENTION_METRICS.items()}
 
@@ -195,10 +260,11 @@ def collapse_alarm(metrics: dict[str, float]) -> str | None:
 
 def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainConfig, run_dir: Path,
           top_layers: int, *, progress: bool = True, log: Callable[[str], None] | None = None,
-          until: int | None = None) -> dict:
-    """Train one arm and seed, resuming from `run_dir` if it holds a checkpoint. -> the best parameters
-    (by dev DCS) and the evaluation history. until: return after that step (checkpointed), as a killed run
-    would stop; calling again resumes."""
+          until: int | None = None, mesh=None) -> dict:
+    """Train one arm, adapter and seed, resuming from `run_dir` if it holds a checkpoint. -> the best top
+    parameters (by dev DCS; LoRA merged in) and the evaluation history. until: return after that step
+    (checkpointed), as a killed run would stop; calling again resumes. mesh: a `dcsjax.sharding` mesh (or
+    "2x4"): the same step with the batch split over `data` and the weights over `model` by the rules table."""
     import orbax.checkpoint as ocp
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
@@ -211,13 +277,17 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
                           "runs; choose another output folder or delete that one")
     saved.write_text(json.dumps(settings, indent=2))
     embedding = model.output_embedding
-    params = top_params(model, top_layers)
+    base = top_params(model, top_layers)
+    params = init_trainable(cfg, base)
+    mesh = make_mesh(mesh)
+    if mesh is not None:
+        base, params, embedding = on_mesh(mesh, c, base, params, embedding)
     optimizer = optimizer_for(cfg)
     opt_state = optimizer.init(params)
-    start_logits = (predict_logits(c, params, embedding, train_set) if cfg.gamma else  # for the KL term
+    start_logits = (predict_logits(c, base, embedding, train_set) if cfg.gamma else  # for the KL term
                     np.zeros(train_set.letters.shape, np.float32))
     state = {"params": params, "opt_state": opt_state, "best": params}
-    meta = {"step": 0, "best_dcs": -float("inf"), "best_step": 0, "stale": 0, "history": [], "stopped": False}
+    meta = {"step": 0, "best_score": -float("inf"), "best_step": 0, "stale": 0, "history": [], "stopped": False}
 
     manager = ocp.CheckpointManager(run_dir.resolve() / "checkpoints",
                                     options=ocp.CheckpointManagerOptions(max_to_keep=1))
@@ -233,15 +303,18 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
         manager.wait_until_finished()
 
     def dev_eval():
-        metrics = evaluate(distributions(predict_logits(c, state["params"], embedding, dev_set), dev_set))
-        entry = {"step": meta["step"], **{f"dev_{k}": v for k, v in metrics.items()}, **last_stats}
+        logits = predict_logits(c, adapted(cfg, state["params"], base), embedding, dev_set)
+        metrics = evaluate(distributions(logits, dev_set))
+        score = selection_score(cfg, logits, dev_set)
+        entry = {"step": meta["step"], **{f"dev_{k}": v for k, v in metrics.items()}, "dev_score": score,
+                 **last_stats}
         alarm = collapse_alarm(metrics)
         if alarm:
             entry["alarm"] = alarm
             log(f"ALARM {run_dir.name} step {meta['step']}: {alarm}")
         meta["history"].append(entry)
-        if metrics["dcs"] > meta["best_dcs"] + 1e-6:
-            meta.update(best_dcs=metrics["dcs"], best_step=meta["step"], stale=0)
+        if score > meta["best_score"] + 1e-6:
+            meta.update(best_score=score, best_step=meta["step"], stale=0)
             state["best"] = state["params"]
         else:
             meta["stale"] += 1
@@ -260,8 +333,11 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
         idx = batch_indices(cfg.seed, meta["step"], cfg.accumulate, cfg.batch_size, len(train_set))
         batch = tuple(np.asarray(x)[idx] for x in (train_set.hidden, train_set.length, train_set.letters,
                                                      train_set.correct, train_set.idk, train_set.valid))
-        params, opt_state, stats = _train_step(c, cfg, optimizer, state["params"], state["opt_state"], embedding,
-                                               batch, start_logits[idx], jnp.asarray(meta["step"], jnp.float32))
+        start = start_logits[idx]
+        if mesh is not None:
+            batch, start = jax.device_put((batch, start), batch_on_mesh(mesh, cfg.batch_size))
+        params, opt_state, stats = _train_step(c, cfg, optimizer, state["params"], state["opt_state"], base,
+                                               embedding, batch, start, jnp.asarray(meta["step"], jnp.float32))
         state["params"], state["opt_state"] = params, opt_state
         meta["step"] += 1
         last_stats = {f"train_{k}": float(v) for k, v in stats.items()}
@@ -272,12 +348,37 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
                             cov=f"{metrics['coverage']:.2f}", abst=f"{metrics['abstain_unanswerable']:.2f}")
             if meta["stale"] >= cfg.patience:
                 meta["stopped"] = True
-                log(f"{run_dir.name}: early stop at step {meta['step']} (best dev DCS {meta['best_dcs']:+.3f} "
+                log(f"{run_dir.name}: early stop at step {meta['step']} (best dev score {meta['best_score']:+.3f} "
                     f"at step {meta['best_step']})")
             checkpoint()
         elif meta["step"] == until:
             checkpoint()
     bar.close()
     manager.close()
-    return {"best": state["best"], "history": meta["history"], "best_step": meta["best_step"],
-            "best_dcs": meta["best_dcs"], "steps": meta["step"]}
+    return {"best": adapted(cfg, state["best"], base), "last": adapted(cfg, state["params"], base),
+            "history": meta["history"], "best_step": meta["best_step"], "best_score": meta["best_score"],
+            "steps": meta["step"]}
+
+
+def on_mesh(mesh, c, base: dict, trainable: dict, embedding: jax.Array):
+    """The frozen top parameters and the embedding split by the rules table (heads, MLP width and
+    vocabulary over `model`), the trainable ones likewise ("top") or replicated (LoRA's small factors).
+    XLA's partitioner then runs the same jitted step as on one device."""
+    from dcsjax.sharding import place
+
+    axes = {name: ("layers", *spec[1]) for name, spec in layer_param_shapes(c).items()}
+    layer_axes = lambda tree: {"layers": {k: axes[k] for k in tree["layers"]},  # noqa: E731
+                               **{k: ("embed",) for k in tree if k != "layers"}}
+    put = lambda tree, spec: jax.tree.map(lambda x, a: place(np.asarray(x), a, mesh, x.dtype), tree, spec,  # noqa: E731
+                                          is_leaf=lambda a: isinstance(a, tuple))
+    replicated = NamedSharding(mesh, P())
+    base = put(base, layer_axes(base))
+    trainable = put(trainable, layer_axes(trainable)) if "layers" in trainable else jax.device_put(trainable,
+                                                                                                   replicated)
+    return base, trainable, place(np.asarray(embedding), ("vocab", "embed"), mesh, embedding.dtype)
+
+
+def batch_on_mesh(mesh, batch_size: int) -> NamedSharding:
+    """Micro-batch arrays [accumulate, batch, ...]: rows over `data` where it divides them."""
+    data = mesh.shape["data"]
+    return NamedSharding(mesh, P(None, "data") if batch_size % data == 0 else P())

@@ -1,0 +1,128 @@
+"""From a model's option+IDK distributions to answer-or-abstain decisions, and what they score at a target
+threshold t (lc = 1, lw = t / (1 - t)), with intervals over items.
+
+Two ways to decide:
+- the model's own choice: the most probable of options and IDK (choosing IDK is abstaining): how a model
+  trained to abstain is used;
+- post-hoc thresholding: answer the most probable *option* when its probability (IDK mass included in the
+  distribution, so IDK lowers it) reaches tau, else abstain; tau tuned on the dev split to maximise the score
+  at t. This is the baseline a trained abstainer must beat: any model, thresholded afterwards.
+
+A decision is scored as DCS of the committed distribution (all mass on the answer, or on IDK): +1 right,
+-lw wrong, 0 abstained. By Proposition 1 of paper 000 a model that answers exactly when its chance of being
+right is at least t maximises this, and then its accuracy on the items it answers is at least t.
+
+All metrics are ratios of per-item sums, pooled over seeds (the same test items for every seed), so an
+interval resamples items once for every seed together (numpy, vectorised over resamples).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from dcsjax.kernels.dcs import dcs, option_masses
+from dcsjax.metrics.calibration import Distributions
+
+ABSTAIN = -1
+
+
+def own_choice(d: Distributions) -> np.ndarray:
+    """[N] the option answered, or ABSTAIN where IDK is the most probable entry."""
+    probs = np.where(np.asarray(d.valid), np.asarray(d.probs), -1.0)
+    pick = probs.argmax(-1)
+    return np.where(np.asarray(d.idk)[np.arange(len(pick)), pick], ABSTAIN, pick)
+
+
+def forced(d: Distributions) -> tuple[np.ndarray, np.ndarray]:
+    """[N] the most probable answer option (IDK excluded) and its probability in the whole distribution."""
+    probs = np.where(np.asarray(d.valid) & ~np.asarray(d.idk), np.asarray(d.probs), -1.0)
+    pick = probs.argmax(-1)
+    return pick, probs[np.arange(len(pick)), pick]
+
+
+def gains(d: Distributions, answer: np.ndarray, lw: float) -> np.ndarray:
+    """[N] the decision's score: +1 right, -lw wrong, 0 abstained (lc = 1)."""
+    answered = answer != ABSTAIN
+    right = answered & np.asarray(d.correct)[np.arange(len(answer)), np.where(answered, answer, 0)]
+    return np.where(answered, np.where(right, 1.0, -lw), 0.0)
+
+
+def tune_threshold(dev: Distributions, lw: float) -> float:
+    """The tau maximising the dev score of "answer the forced option when its probability >= tau": over the
+    cut points between distinct confidences (np.inf: abstain everywhere). Ties go to the larger tau."""
+    pick, confidence = forced(dev)
+    order = np.argsort(-confidence, kind="stable")
+    conf = confidence[order]
+    total = np.concatenate([[0.0], np.cumsum(gains(dev, pick, lw)[order])])  # answer the k most confident
+    k = np.arange(len(conf) + 1)
+    cut = (k == 0) | (k == len(conf)) | np.concatenate([[True], conf[:-1] > conf[1:], [True]])[k]
+    best = int(np.argmax(np.where(cut, total, -np.inf)))
+    return float(np.inf if best == 0 else conf[best - 1])
+
+
+def thresholded(d: Distributions, tau: float) -> np.ndarray:
+    pick, confidence = forced(d)
+    return np.where(confidence >= tau, pick, ABSTAIN)
+
+
+class Outcomes(NamedTuple):
+    """One policy on the test items, per seed: [S, N] arrays."""
+    gain: np.ndarray  # decision score at t
+    answered: np.ndarray  # bool
+    right: np.ndarray  # bool
+    dcs: np.ndarray  # DCS of the model's whole distribution at t (NaN for a thresholded policy)
+
+
+def outcomes(dists: list[Distributions], answers: list[np.ndarray], lw: float, soft: bool) -> Outcomes:
+    rows = []
+    for d, answer in zip(dists, answers):
+        gain = gains(d, answer, lw)
+        answered = answer != ABSTAIN
+        dist = np.asarray(dcs(*option_masses(*d), 1.0, lw)) if soft else np.full(len(answer), np.nan)
+        rows.append((gain, answered, answered & (gain > 0), dist))
+    return Outcomes(*(np.stack(parts).astype(np.float64) for parts in zip(*rows)))
+
+
+def metrics_of(o: Outcomes, kind: np.ndarray, idx: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Every metric over the items `idx` ([B, N] resamples, or None: all items once) -> [B] (or scalar)
+    arrays. kind [N]: each item's construction ("answerable", "option removed", "wording")."""
+    idx = np.arange(o.gain.shape[1])[None] if idx is None else idx
+    take = lambda x: x[:, idx]  # noqa: E731  [S, B, N]
+    answered, right = take(o.answered), take(o.right)
+    ratio = lambda num, den: num.sum((0, 2)) / np.maximum(den.sum((0, 2)), 1e-12)  # noqa: E731
+    out = {"score": take(o.gain).mean((0, 2)), "dcs": take(o.dcs).mean((0, 2)), "coverage": answered.mean((0, 2)),
+           "selective_accuracy": ratio(right, answered)}
+    for name, construction in (("abstain_removed", "option removed"), ("abstain_wording", "wording"),
+                               ("over_abstention", "answerable")):
+        mask = np.broadcast_to((kind == construction)[idx][None], answered.shape)
+        out[name] = np.where(mask.sum((0, 2)) > 0, ratio((1 - answered) * mask, mask), np.nan)
+    return out
+
+
+METRIC_LABELS = {"score": "DCS at t (decisions)", "dcs": "DCS at t (distribution)", "coverage": "coverage",
+                 "selective_accuracy": "accuracy when answering", "abstain_removed": "abstains: option removed",
+                 "abstain_wording": "abstains: wording", "over_abstention": "abstains: answerable"}
+
+
+def summarise(o: Outcomes, kind: np.ndarray, indices: np.ndarray) -> dict[str, list[float]]:
+    """metric -> [estimate, low, high] (95% percentile interval over the item resamples `indices`)."""
+    point, boot = metrics_of(o, kind), metrics_of(o, kind, indices)
+    out = {}
+    for name, value in point.items():
+        resampled = boot[name][np.isfinite(boot[name])]  # a resample without such items has no value
+        if np.isfinite(value[0]) and resampled.size:  # NaN: no such items, or a policy without a distribution
+            out[name] = [float(value[0]), *map(float, np.percentile(resampled, [2.5, 97.5]))]
+        else:
+            out[name] = [None, None, None]
+    return out
+
+
+def paired(a: Outcomes, b: Outcomes, indices: np.ndarray) -> list[float]:
+    """Mean decision score of a minus b on the same items (each averaged over its seeds): [difference,
+    low, high] over the item resamples, and the share of resamples at or below 0."""
+    diff = a.gain.mean(0) - b.gain.mean(0)  # [N]
+    boot = diff[indices].mean(-1)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return [float(diff.mean()), float(low), float(high), float(np.mean(boot <= 0))]

@@ -1,0 +1,53 @@
+"""Run by tests/test_training.py in a process of its own with 8 simulated CPU devices (JAX_NUM_CPU_DEVICES=8):
+the abstention training step on 2x4 and 8x1 meshes against one device, both adapters, on SmolLM2's real
+weights; prints one JSON line: the largest parameter and dev-score differences per mesh and adapter."""
+
+import json
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import dcsjax
+from dcsjax.training.data import abstention_splits
+from dcsjax.training.features import letter_features
+from dcsjax.training.train import TrainConfig, top_params, train
+
+
+def biggest(a, b) -> float:
+    """The largest elementwise difference between two parameter trees."""
+    return max(float(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)).max())
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def main() -> None:
+    scorer = dcsjax.load("smollm2-135m-instruct", progress=False)
+    splits = abstention_splits(("hindu_knowledge", "known_unknowns"), per_task=10)
+    features = {name: letter_features(scorer, items, 2) for name, items in splits.items() if name != "test"}
+    result = {"devices": jax.device_count()}
+    base = TrainConfig(arm="dcs+ce", steps=4, batch_size=8, eval_every=2, ce_warmup=1, warmup_steps=1,
+                       learning_rate=1e-3, lw=3.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        for adapter in ("top", "lora"):
+            cfg = replace(base, adapter=adapter)
+            runs = {mesh: train(scorer.model, features["train"], features["dev"], cfg, Path(tmp) / f"{adapter}-{mesh}",
+                                2, progress=False, mesh=None if mesh == "one" else mesh, log=lambda _: None)
+                    for mesh in ("one", "2x4", "8x1")}
+            one = runs["one"]
+            result[adapter] = {"moved": biggest(one["last"], top_params(scorer.model, 2))}
+            for mesh in ("2x4", "8x1"):
+                other = runs[mesh]
+                diff = biggest(one["last"], other["last"])
+                score = max(abs(a["dev_score"] - b["dev_score"]) for a, b in zip(one["history"], other["history"]))
+                loss = max(abs(a.get("train_loss", 0.0) - b.get("train_loss", 0.0))
+                           for a, b in zip(one["history"], other["history"]))
+                result[adapter][mesh] = {"param_diff": diff, "dev_score_diff": score, "loss_diff": loss,
+                                         "up_sharding": str(other["last"]["layers"]["up"].sharding.spec)}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

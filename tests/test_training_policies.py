@@ -1,0 +1,100 @@
+"""Answer-or-abstain policies and their scores at a target threshold t, against brute force and hand-worked
+cases: the post-hoc threshold tuned on dev, the model's own choice, the metrics by construction, the paired
+interval. Pure numpy on made-up distributions (no model): what is checked is the arithmetic."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dcsjax.kernels.dcs import dcs, loadings_from_threshold, option_masses
+from dcsjax.metrics.calibration import Distributions
+from dcsjax.training.policies import (
+    ABSTAIN, forced, gains, metrics_of, outcomes, own_choice, paired, summarise, thresholded, tune_threshold,
+)
+
+
+def dists(probs, correct, idk_index):
+    """Rows of [options..., IDK] (IDK at idk_index), each padded to the widest row."""
+    width = max(len(p) for p in probs)
+    n = len(probs)
+    p = np.zeros((n, width), np.float32)
+    c, i, v = (np.zeros((n, width), bool) for _ in range(3))
+    for r, (row, right, k) in enumerate(zip(probs, correct, idk_index)):
+        p[r, :len(row)] = row
+        v[r, :len(row)] = True
+        c[r, right] = True
+        i[r, k] = True
+    return Distributions(jnp.asarray(p), jnp.asarray(c), jnp.asarray(i), jnp.asarray(v))
+
+
+def random_dists(n, seed):
+    rng = np.random.default_rng(seed)
+    probs, correct, idk = [], [], []
+    for _ in range(n):
+        k = int(rng.integers(3, 6))
+        p = rng.dirichlet(np.full(k, 0.5))
+        probs.append(np.round(p, 2) / np.round(p, 2).sum())  # rounding makes ties
+        idk.append(k - 1)
+        correct.append(int(rng.integers(0, k)))  # IDK correct: an unanswerable item
+    return dists(probs, correct, idk)
+
+
+def test_own_choice_abstains_where_idk_is_most_probable_and_forced_skips_idk():
+    d = dists([[0.2, 0.1, 0.7], [0.5, 0.2, 0.3], [0.3, 0.3, 0.1, 0.3]], [[0], [0], [3]], [2, 2, 3])
+    np.testing.assert_array_equal(own_choice(d), [ABSTAIN, 0, 0])  # a tie goes to the first entry
+    pick, confidence = forced(d)
+    np.testing.assert_array_equal(pick, [0, 0, 0])
+    np.testing.assert_allclose(confidence, [0.2, 0.5, 0.3], atol=1e-6)  # IDK's mass stays in the distribution
+
+
+@pytest.mark.parametrize("t", [0.25, 0.5, 0.75])
+def test_tuned_threshold_is_the_best_of_every_threshold_on_dev(t):
+    """Brute force over every candidate (each dev confidence, and abstaining everywhere): none beats the
+    tuned one, and it is a cut a threshold can make (ties in confidence are answered together)."""
+    _, lw = loadings_from_threshold(t)
+    for seed in range(5):
+        d = random_dists(60, seed)
+        tau = tune_threshold(d, lw)
+        best = gains(d, thresholded(d, tau), lw).sum()
+        _, confidence = forced(d)
+        for candidate in [np.inf, *np.unique(confidence)]:
+            assert gains(d, thresholded(d, candidate), lw).sum() <= best + 1e-9
+        assert tau == np.inf or tau in confidence
+
+
+def test_gains_and_metrics_by_hand():
+    """Four items at t = 0.75 (lw = 3): answered right, answered wrong, abstained on an item whose right
+    option was removed, answered an item unanswerable by its wording."""
+    d = dists([[0.9, 0.05, 0.05], [0.6, 0.3, 0.1], [0.1, 0.1, 0.8], [0.7, 0.2, 0.1]],
+              [[0], [1], [2], [2]], [2, 2, 2, 2])
+    _, lw = loadings_from_threshold(0.75)
+    answers = own_choice(d)
+    np.testing.assert_array_equal(answers, [0, 0, ABSTAIN, 0])
+    np.testing.assert_allclose(gains(d, answers, lw), [1.0, -3.0, 0.0, -3.0])
+    kind = np.array(["answerable", "answerable", "option removed", "wording"])
+    o = outcomes([d], [answers], lw, soft=True)
+    m = {k: float(v[0]) for k, v in metrics_of(o, kind).items()}
+    assert m["score"] == pytest.approx(-5.0 / 4)
+    assert m["coverage"] == pytest.approx(3 / 4) and m["selective_accuracy"] == pytest.approx(1 / 3)
+    assert m["abstain_removed"] == 1.0 and m["abstain_wording"] == 0.0 and m["over_abstention"] == 0.0
+    want = np.mean(np.asarray(dcs(*option_masses(*d), 1.0, lw)))
+    assert m["dcs"] == pytest.approx(float(want), abs=1e-6)
+    # a thresholded policy has no distribution of its own: its DCS column is empty, not made up
+    o_tau = outcomes([d], [thresholded(d, 0.95)], lw, soft=False)
+    assert np.isnan(metrics_of(o_tau, kind)["dcs"][0])
+    assert summarise(o_tau, kind, np.zeros((10, 4), int))["dcs"] == [None, None, None]
+
+
+def test_seeds_pool_and_the_paired_interval_resamples_the_same_items():
+    d = random_dists(200, 0)
+    _, lw = loadings_from_threshold(0.5)
+    a = outcomes([d, d], [own_choice(d), thresholded(d, 0.4)], lw, soft=False)
+    b = outcomes([d], [thresholded(d, np.inf)], lw, soft=False)  # abstains everywhere: scores 0
+    kind = np.array(["answerable"] * 200)
+    pooled = metrics_of(a, kind)["score"][0]
+    assert pooled == pytest.approx((gains(d, own_choice(d), lw).mean() + gains(d, thresholded(d, 0.4), lw).mean()) / 2)
+    idx = np.random.default_rng(1).integers(0, 200, (500, 200))
+    diff, low, high, below = paired(a, b, idx)
+    assert diff == pytest.approx(pooled) and low < diff < high
+    same = paired(a, a, idx)
+    assert same[:3] == [0.0, 0.0, 0.0] and same[3] == 1.0
