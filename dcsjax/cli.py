@@ -151,7 +151,7 @@ def cmd_train_abstain(args) -> int:
     results = run_experiment(args.model, args.out, tasks=args.tasks.split(","), per_task=args.per_task,
                              arms=args.arms.split(","), thresholds=[float(t) for t in args.thresholds.split(",")],
                              seeds=ints(args.seeds), adapters=args.adapters.split(","), top_layers=args.top_layers,
-                             lora_layers=args.lora_layers, lora_seeds=ints(args.lora_seeds),
+                             lora_layers=args.lora_layers, lora_seeds=ints(args.lora_seeds), lora_steps=args.lora_steps,
                              base=TrainConfig(**overrides), export_threshold=args.export_threshold,
                              n_boot=args.n_boot, mesh=args.mesh, progress=not args.quiet)
     print(summary_table(results))
@@ -251,6 +251,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--top-layers", type=int, default=2, help="blocks trained by the top adapter; the rest are frozen")
     p.add_argument("--lora-layers", type=int, default=None, help="blocks LoRA adapts (default: all)")
     p.add_argument("--lora-seeds", default=None, help="seeds of the LoRA arms (default: --seeds)")
+    p.add_argument("--lora-steps", type=int, default=None, help="updates of the LoRA arms (default: --steps)")
     p.add_argument("--export-threshold", type=float, default=0.5, help="the DCS model at this t (seed 0) is saved "
                                                                        "to OUT/model")
     p.add_argument("--mesh", default=None, help="data x model devices for the training step, e.g. 2x4")

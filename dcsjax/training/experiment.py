@@ -75,9 +75,11 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
                    arms: Sequence[str] = ("ce", "dcs+ce"), thresholds: Sequence[float] = THRESHOLDS,
                    seeds: Sequence[int] = (0, 1, 2), adapters: Sequence[str] = ("top",), top_layers: int = 2,
                    lora_layers: int | None = None, lora_seeds: Sequence[int] | None = None,
+                   lora_steps: int | None = None,
                    base: TrainConfig = TrainConfig(), export_threshold: float | None = 0.5,
                    export_adapter: str | None = None, n_boot: int = 1000, mesh=None, progress: bool = True) -> dict:
-    """lora_layers: the blocks LoRA adapts (default all); lora_seeds: fewer seeds for the LoRA arms.
+    """lora_layers: the blocks LoRA adapts (default all); lora_seeds, lora_steps: fewer seeds and updates
+    for the LoRA arms (a LoRA step over every block costs what the whole model's forward and backward do).
     The first DCS arm's seed-0 model at `export_threshold` (with `export_adapter`, default the first one)
     is saved to OUT/model, merged."""
     import dcsjax
@@ -129,6 +131,8 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
             lc, lw = (base.lc, base.lw) if t is None else loadings(t)
             for seed in adapter_seeds:
                 cfg = replace(base, arm=arm, seed=seed, lc=lc, lw=lw, adapter=adapter)
+                if adapter == "lora" and lora_steps:
+                    cfg = replace(cfg, steps=lora_steps, eval_every=min(cfg.eval_every, lora_steps))
                 folder = run_dir(out, adapter, arm, seed, t)
                 tic = time.time()
                 result = train(scorer.model, f["train"], f["dev"], cfg, folder, k, progress=progress, log=_log,
@@ -149,7 +153,7 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
 
     results = {"model": scorer.name, "tasks": list(tasks), "per_task": per_task, "top_layers": top_layers,
                "lora_layers": depth["lora"] if "lora" in adapters else None, "adapters": list(adapters),
-               "config": asdict(base), "seeds": list(seeds), "lora_seeds": list(lora_seeds or seeds),
+               "config": asdict(base), "seeds": list(seeds), "lora_seeds": list(lora_seeds or seeds), "lora_steps": lora_steps,
                "thresholds": thresholds, "splits": counts, "runs": per_run, "n_boot": n_boot}
     results["by_threshold"] = {f"{t:g}": threshold_results(t, start_dists, models, kinds["test"], n_boot)
                                for t in thresholds}

@@ -212,14 +212,26 @@ def _logits(c, params, embedding, hidden, length, letters):
     return letter_logits(c, params, embedding, hidden, length, letters)
 
 
+LENGTH_BUCKET = 32  # a batch is cut to its longest prompt, rounded up to this: few shapes, little padding
+
+
+def cut_length(length: np.ndarray, padded: int) -> int:
+    """The prompt length a batch is run at: its longest prompt rounded up to LENGTH_BUCKET. Positions past
+    a prompt are padding that no prompt token attends to, so cutting them changes no logit."""
+    return min(padded, -(-int(np.max(length)) // LENGTH_BUCKET) * LENGTH_BUCKET)
+
+
 def predict_logits(c, params, embedding, features: LetterFeatures, batch_size: int = 32) -> np.ndarray:
-    """[N, K] letter logits for every item (padded options: meaningless, masked by `valid`)."""
+    """[N, K] letter logits for every item (padded options: meaningless, masked by `valid`). Items run in
+    order of length, each batch cut to its longest prompt."""
     n = len(features)
     out = np.zeros(features.letters.shape, np.float32)
+    by_length = np.argsort(features.length, kind="stable")
     for start in range(0, n, batch_size):
-        rows = np.arange(start, min(start + batch_size, n))
-        idx = np.resize(rows, batch_size)  # a full last batch: one compile
-        logits = _logits(c, params, embedding, features.hidden[idx], features.length[idx], features.letters[idx])
+        rows = by_length[start:start + batch_size]
+        idx = np.resize(rows, batch_size)  # a full last batch: one compile per length
+        t = cut_length(features.length[idx], features.hidden.shape[1])
+        logits = _logits(c, params, embedding, features.hidden[idx, :t], features.length[idx], features.letters[idx])
         out[rows] = np.asarray(logits)[: len(rows)]
     return out
 
@@ -331,8 +343,9 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
         checkpoint()
     while meta["step"] < min(cfg.steps, until or cfg.steps) and not meta["stopped"]:
         idx = batch_indices(cfg.seed, meta["step"], cfg.accumulate, cfg.batch_size, len(train_set))
-        batch = tuple(np.asarray(x)[idx] for x in (train_set.hidden, train_set.length, train_set.letters,
-                                                     train_set.correct, train_set.idk, train_set.valid))
+        t = cut_length(train_set.length[idx], train_set.hidden.shape[1])
+        batch = (train_set.hidden[idx, :t], *(np.asarray(x)[idx] for x in (
+            train_set.length, train_set.letters, train_set.correct, train_set.idk, train_set.valid)))
         start = start_logits[idx]
         if mesh is not None:
             batch, start = jax.device_put((batch, start), batch_on_mesh(mesh, cfg.batch_size))
