@@ -152,6 +152,8 @@ def cmd_train_abstain(args) -> int:
                              arms=args.arms.split(","), thresholds=[float(t) for t in args.thresholds.split(",")],
                              seeds=ints(args.seeds), adapters=args.adapters.split(","), top_layers=args.top_layers,
                              lora_layers=args.lora_layers, lora_seeds=ints(args.lora_seeds), lora_steps=args.lora_steps,
+                             lora_thresholds=[float(t) for t in args.lora_thresholds.split(",")] if args.lora_thresholds
+                             else None,
                              base=TrainConfig(**overrides), export_threshold=args.export_threshold,
                              n_boot=args.n_boot, mesh=args.mesh, progress=not args.quiet)
     print(summary_table(results))
@@ -252,6 +254,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--lora-layers", type=int, default=None, help="blocks LoRA adapts (default: all)")
     p.add_argument("--lora-seeds", default=None, help="seeds of the LoRA arms (default: --seeds)")
     p.add_argument("--lora-steps", type=int, default=None, help="updates of the LoRA arms (default: --steps)")
+    p.add_argument("--lora-thresholds", default=None, help="thresholds of the LoRA arms (default: --thresholds)")
     p.add_argument("--export-threshold", type=float, default=0.5, help="the DCS model at this t (seed 0) is saved "
                                                                        "to OUT/model")
     p.add_argument("--mesh", default=None, help="data x model devices for the training step, e.g. 2x4")

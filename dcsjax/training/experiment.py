@@ -75,11 +75,12 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
                    arms: Sequence[str] = ("ce", "dcs+ce"), thresholds: Sequence[float] = THRESHOLDS,
                    seeds: Sequence[int] = (0, 1, 2), adapters: Sequence[str] = ("top",), top_layers: int = 2,
                    lora_layers: int | None = None, lora_seeds: Sequence[int] | None = None,
-                   lora_steps: int | None = None,
+                   lora_steps: int | None = None, lora_thresholds: Sequence[float] | None = None,
                    base: TrainConfig = TrainConfig(), export_threshold: float | None = 0.5,
                    export_adapter: str | None = None, n_boot: int = 1000, mesh=None, progress: bool = True) -> dict:
-    """lora_layers: the blocks LoRA adapts (default all); lora_seeds, lora_steps: fewer seeds and updates
-    for the LoRA arms (a LoRA step over every block costs what the whole model's forward and backward do).
+    """lora_layers: the blocks LoRA adapts (default all); lora_seeds, lora_steps and lora_thresholds:
+    fewer seeds, updates and thresholds for the LoRA arms (a LoRA step over every block costs what the
+    whole model's forward and backward do).
     The first DCS arm's seed-0 model at `export_threshold` (with `export_adapter`, default the first one)
     is saved to OUT/model, merged."""
     import dcsjax
@@ -126,7 +127,8 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
         k = depth[adapter]
         f = features[k]
         adapter_seeds = list(lora_seeds if adapter == "lora" and lora_seeds is not None else seeds)
-        jobs = [(arm, None) if arm == "ce" else (arm, t) for arm in arms for t in ([None] if arm == "ce" else thresholds)]
+        ts = [float(t) for t in lora_thresholds] if adapter == "lora" and lora_thresholds else thresholds
+        jobs = [(arm, t) for arm in arms for t in ([None] if arm == "ce" else ts)]
         for arm, t in jobs:
             lc, lw = (base.lc, base.lw) if t is None else loadings(t)
             for seed in adapter_seeds:
@@ -134,7 +136,6 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
                 if adapter == "lora" and lora_steps:
                     cfg = replace(cfg, steps=lora_steps, eval_every=min(cfg.eval_every, lora_steps))
                 folder = run_dir(out, adapter, arm, seed, t)
-                tic = time.time()
                 result = train(scorer.model, f["train"], f["dev"], cfg, folder, k, progress=progress, log=_log,
                                mesh=mesh)
                 dists = {}
@@ -146,7 +147,8 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
                 histories.setdefault(f"{adapter} {arm}" + ("" if t is None else f" t={t:g}"), []).append(result["history"])
                 per_run.append({"adapter": adapter, "arm": arm, "t": t, "seed": seed, "best_step": result["best_step"],
                                 "steps": result["steps"], "best_dev_score": result["best_score"],
-                                "seconds": round(time.time() - tic, 1)})
+                                # training time over all resumptions (None: a run finished before times were kept)
+                                "seconds": None if result["seconds"] is None else round(result["seconds"], 1)})
                 if (exported is None and arm != "ce" and t == export_threshold and seed == adapter_seeds[0]
                         and adapter == (export_adapter or adapters[0])):
                     exported = (adapter, arm, t, seed, result["best"], k)
@@ -154,6 +156,7 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     results = {"model": scorer.name, "tasks": list(tasks), "per_task": per_task, "top_layers": top_layers,
                "lora_layers": depth["lora"] if "lora" in adapters else None, "adapters": list(adapters),
                "config": asdict(base), "seeds": list(seeds), "lora_seeds": list(lora_seeds or seeds), "lora_steps": lora_steps,
+               "lora_thresholds": [float(t) for t in lora_thresholds] if lora_thresholds else None,
                "thresholds": thresholds, "splits": counts, "runs": per_run, "n_boot": n_boot}
     results["by_threshold"] = {f"{t:g}": threshold_results(t, start_dists, models, kinds["test"], n_boot)
                                for t in thresholds}
@@ -169,7 +172,7 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
         results["exported"] = {"path": str(out / "model"), "adapter": adapter, "arm": arm, "threshold": t}
     results["seconds"] = round(time.time() - started, 1)
     results["timings"] = timings | {
-        f"{a} {arm}": round(sum(r["seconds"] for r in per_run if r["adapter"] == a and r["arm"] == arm), 1)
+        f"{a} {arm}": round(sum(r["seconds"] or 0.0 for r in per_run if r["adapter"] == a and r["arm"] == arm), 1)
         for a in adapters for arm in arms}
     text = json.dumps(results, indent=2)
     tmp = out / "results.json.tmp"

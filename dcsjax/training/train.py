@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -309,7 +310,12 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
         state, meta = restored.state, restored.meta
         log(f"{run_dir.name}: resumed at step {meta['step']}")
 
+    clock = [time.time()]
+
     def checkpoint():
+        now = time.time()  # training time, summed over resumptions (a resumed run reports the whole run's)
+        meta["seconds"] = meta.get("seconds", 0.0) + now - clock[0]
+        clock[0] = now
         manager.save(meta["step"], args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                              meta=ocp.args.JsonSave(meta)), force=True)
         manager.wait_until_finished()
@@ -370,7 +376,7 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
     manager.close()
     return {"best": adapted(cfg, state["best"], base), "last": adapted(cfg, state["params"], base),
             "history": meta["history"], "best_step": meta["best_step"], "best_score": meta["best_score"],
-            "steps": meta["step"]}
+            "steps": meta["step"], "seconds": meta.get("seconds")}
 
 
 def on_mesh(mesh, c, base: dict, trainable: dict, embedding: jax.Array):
