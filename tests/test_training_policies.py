@@ -82,6 +82,9 @@ def test_gains_and_metrics_by_hand():
     # a thresholded policy has no distribution of its own: its DCS column is empty, not made up
     o_tau = outcomes([d], [thresholded(d, 0.95)], lw, soft=False)
     assert np.isnan(metrics_of(o_tau, kind)["dcs"][0])
+    # abstaining everywhere scores 0 and has no accuracy when answering (not an accuracy of 0)
+    o_none = outcomes([d], [thresholded(d, np.inf)], lw, soft=False)
+    assert metrics_of(o_none, kind)["score"][0] == 0.0 and np.isnan(metrics_of(o_none, kind)["selective_accuracy"][0])
     assert summarise(o_tau, kind, np.zeros((10, 4), int))["dcs"] == [None, None, None]
 
 

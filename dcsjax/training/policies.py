@@ -93,7 +93,7 @@ def metrics_of(o: Outcomes, kind: np.ndarray, idx: np.ndarray | None = None) -> 
     answered, right = take(o.answered), take(o.right)
     ratio = lambda num, den: num.sum((0, 2)) / np.maximum(den.sum((0, 2)), 1e-12)  # noqa: E731
     out = {"score": take(o.gain).mean((0, 2)), "dcs": take(o.dcs).mean((0, 2)), "coverage": answered.mean((0, 2)),
-           "selective_accuracy": ratio(right, answered)}
+           "selective_accuracy": np.where(answered.sum((0, 2)) > 0, ratio(right, answered), np.nan)}  # none answered: none
     for name, construction in (("abstain_removed", "option removed"), ("abstain_wording", "wording"),
                                ("over_abstention", "answerable")):
         mask = np.broadcast_to((kind == construction)[idx][None], answered.shape)

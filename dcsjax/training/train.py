@@ -213,7 +213,7 @@ def _logits(c, params, embedding, hidden, length, letters):
     return letter_logits(c, params, embedding, hidden, length, letters)
 
 
-LENGTH_BUCKET = 32  # a batch is cut to its longest prompt, rounded up to this: few shapes, little padding
+LENGTH_BUCKET = 64  # a batch is cut to its longest prompt, rounded up to this: few shapes (each one compile), little padding
 
 
 def cut_length(length: np.ndarray, padded: int) -> int:
