@@ -71,7 +71,7 @@ class TrainConfig:
     lc: float = 1.0
     lw: float = 1.0
     eval_every: int = 25
-    patience: int = 4  # evaluations without a better dev DCS before stopping
+    patience: int = 4  # evaluations without a better dev score (`selection_score`) before stopping
     adapter: str = "top"
     lora_rank: int = 8
     lora_alpha: float = 16.0
@@ -275,7 +275,7 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
           top_layers: int, *, progress: bool = True, log: Callable[[str], None] | None = None,
           until: int | None = None, mesh=None) -> dict:
     """Train one arm, adapter and seed, resuming from `run_dir` if it holds a checkpoint. -> the best top
-    parameters (by dev DCS; LoRA merged in) and the evaluation history. until: return after that step
+    parameters (by `selection_score` on dev; LoRA merged in) and the evaluation history. until: return after that step
     (checkpointed), as a killed run would stop; calling again resumes. mesh: a `dcsjax.sharding` mesh (or
     "2x4"): the same step with the batch split over `data` and the weights over `model` by the rules table."""
     import orbax.checkpoint as ocp
