@@ -2,7 +2,6 @@
 cases: the post-hoc threshold tuned on dev, the model's own choice, the metrics by construction, the paired
 interval. Pure numpy on made-up distributions (no model): what is checked is the arithmetic."""
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -14,17 +13,9 @@ from dcsjax.training.policies import (
 
 
 def dists(probs, correct, idk_index):
-    """Rows of [options..., IDK] (IDK at idk_index), each padded to the widest row."""
-    width = max(len(p) for p in probs)
-    n = len(probs)
-    p = np.zeros((n, width), np.float32)
-    c, i, v = (np.zeros((n, width), bool) for _ in range(3))
-    for r, (row, right, k) in enumerate(zip(probs, correct, idk_index)):
-        p[r, :len(row)] = row
-        v[r, :len(row)] = True
-        c[r, right] = True
-        i[r, k] = True
-    return Distributions(jnp.asarray(p), jnp.asarray(c), jnp.asarray(i), jnp.asarray(v))
+    """Rows of [options..., IDK] (IDK at idk_index), padded to the widest row, through the records reader."""
+    return Distributions.from_records([{"probs": list(map(float, p)), "correct_options": list(np.atleast_1d(c)),
+                                        "idk_index": k} for p, c, k in zip(probs, correct, idk_index)])
 
 
 def random_dists(n, seed):
