@@ -268,10 +268,25 @@ def _train_parser(sub) -> None:
     p.set_defaults(func=cmd_train_abstain)
 
 
+def cmd_lm_eval(argv: list[str]) -> int:
+    try:
+        from dcsjax.harness import main as harness_main
+    except ModuleNotFoundError as err:
+        if err.name is None or not err.name.startswith("lm_eval"):
+            raise
+        print("dcsjax: error: `dcsjax lm-eval` needs lm-evaluation-harness: pip install 'dcsjax[lm-eval]'",
+              file=sys.stderr)
+        return 2
+    return harness_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     from dcsjax.protocols import IDK_PHRASINGS
     from dcsjax.protocols.options import DEFAULT_ORDER, ORDERS
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lm-eval"]:  # every later argument is lm-eval's own (its parser reads them)
+        return cmd_lm_eval(argv[1:])
     parser = argparse.ArgumentParser(prog="dcsjax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("fetch", help="download and verify models (or `bigbench`) into the cache")
@@ -335,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_report)
     _train_parser(sub)
     _statements_parser(sub)
+    sub.add_parser("lm-eval", help="lm-evaluation-harness's command line with `--model dcsjax` registered "
+                   "(every argument is lm-eval's; needs the lm-eval extra)", add_help=False)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -16,22 +16,32 @@ import numpy as np
 from flax import nnx
 
 from dcsjax.errors import InputError
-from dcsjax.kernels.logprobs import reduce_logprobs, sharded_token_logprobs, token_logprobs
+from dcsjax.kernels.logprobs import reduce_logprobs, sharded_token_logprobs, token_logprobs_and_greedy
 from dcsjax.kernels.packing import BUCKET_MULTIPLE, DEFAULT_BUCKETS, Group, PlannedBatch, make_batch, plan_batches
 from dcsjax.nn.decoder import Decoder
 from dcsjax.sharding import batch_sharding
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _batch_logprobs(graphdef, vocab_chunk: int, mesh, state, tokens, positions, segment_ids, attend_to, targets):
-    """[B, T] float32: log p(targets[b, t] | what row b's token t sees) (junk where t has no target).
-    On a mesh, the parameters and rows arrive sharded and the vocabulary is scanned shard by shard."""
+def _forward(graphdef, vocab_chunk: int, mesh, state, tokens, positions, segment_ids, attend_to, targets):
+    """([B, T] float32 log p(targets[b, t] | what row b's token t sees), [B, T] bool: the target is the
+    argmax), junk where t has no target. On a mesh, the parameters and rows arrive sharded and the
+    vocabulary is scanned shard by shard."""
     model = nnx.merge(graphdef, state)
     hidden = model(tokens, positions, segment_ids, attend_to)  # [B, T, D]
     cap = model.config.final_softcap
     if mesh is not None:
-        return sharded_token_logprobs(hidden, model.output_embedding, targets, mesh, vocab_chunk, cap)
-    return token_logprobs(hidden, model.output_embedding, targets, vocab_chunk, cap)
+        return sharded_token_logprobs(hidden, model.output_embedding, targets, mesh, vocab_chunk, cap, with_greedy=True)
+    return token_logprobs_and_greedy(hidden, model.output_embedding, targets, vocab_chunk, cap)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _batch_logprobs(graphdef, vocab_chunk: int, mesh, state, tokens, positions, segment_ids, attend_to, targets):
+    """[B, T] float32 log-probs (`_forward`'s first half: XLA drops the unused flags)."""
+    return _forward(graphdef, vocab_chunk, mesh, state, tokens, positions, segment_ids, attend_to, targets)[0]
+
+
+# lm-eval's `is_greedy` needs the flags too; a second jitted function, so the plain path's output is unchanged
+_batch_logprobs_greedy = jax.jit(_forward, static_argnums=(0, 1, 2))
 
 
 @dataclass
@@ -169,8 +179,52 @@ class Scorer:
         parts = self._run_groups([Group((self.document_start_id, *ids)) for ids in id_lists])
         return [prefix for prefix, _ in parts]
 
-    def _run_groups(self, groups: list[Group]) -> list[tuple[np.ndarray, list[np.ndarray]]]:
-        """Per group: the prefix's token log-probs and each suffix's (its first token is not scored)."""
+    def continuation_logprobs_of_ids(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]
+                                     ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per (context ids, continuation ids): the continuation's token log-probs given the context, and
+        whether each continuation token is the argmax there. Nothing is prepended: the context's first
+        token is conditioning only (lm-eval's convention; `dcsjax.harness` passes its requests here).
+
+        Continuations of one context share one group, the context computed once (`option_logprobs`),
+        split so that no group exceeds the row length."""
+        for i, (ctx, cont) in enumerate(pairs):
+            if not ctx or not cont:
+                raise InputError(f"pair {i}: the context and the continuation must both hold tokens")
+        by_context: dict[tuple[int, ...], list[int]] = {}
+        for i, (ctx, _) in enumerate(pairs):
+            by_context.setdefault(tuple(ctx), []).append(i)
+        groups, owners = [], []
+        for ctx, members in by_context.items():
+            if len(ctx) == 1:  # no prefix to share: each pair is one sequence
+                for i in members:
+                    groups.append(Group((*ctx, *pairs[i][1])))
+                    owners.append([i])
+                continue
+            batch, room = [], len(ctx) - 1
+            for i in members:  # suffixes restart with the context's last token (see option_logprobs)
+                suffix = (ctx[-1], *pairs[i][1])
+                if batch and room + len(suffix) > self.max_length:
+                    groups.append(Group(ctx[:-1], tuple(s for _, s in batch)))
+                    owners.append([j for j, _ in batch])
+                    batch, room = [], len(ctx) - 1
+                batch.append((i, suffix))
+                room += len(suffix)
+            groups.append(Group(ctx[:-1], tuple(s for _, s in batch)))
+            owners.append([j for j, _ in batch])
+        parts, flags = self._run_groups(groups, greedy=True)
+        out: list = [None] * len(pairs)
+        for g, owner in enumerate(owners):
+            if not parts[g][1]:  # a plain sequence: the continuation is its tail
+                n = len(pairs[owner[0]][1])
+                out[owner[0]] = (parts[g][0][-n:], flags[g][0][-n:])
+                continue
+            for i, lp, greedy in zip(owner, parts[g][1], flags[g][1]):
+                out[i] = (lp, greedy)
+        return out
+
+    def _run_groups(self, groups: list[Group], greedy: bool = False):
+        """Per group: the prefix's token log-probs and each suffix's (its first token is not scored); with
+        greedy, a second list of the same shape holds whether each scored token is the argmax."""
         for i, group in enumerate(groups):
             if group.longest > self.max_length:
                 raise InputError(
@@ -179,6 +233,8 @@ class Scorer:
             if group.room > self.max_length:
                 raise InputError(f"item {i}: its context and all its options together exceed {self.max_length} tokens")
         out = [(np.zeros(0, np.float32), [None] * len(g.suffixes)) for g in groups]
+        flags = [(np.zeros(0, bool), [None] * len(g.suffixes)) for g in groups] if greedy else None
+        kernel = _batch_logprobs_greedy if greedy else _batch_logprobs
         plan = self.plan([g.room for g in groups])
         rows_sharding = batch_sharding(self.mesh) if self.mesh is not None else None
         pending = None  # one batch in flight while the next is being prepared
@@ -186,13 +242,21 @@ class Scorer:
             batch = make_batch(groups, bucket, rows, height)
             arrays = (batch.tokens, batch.positions, batch.segment_ids, batch.attend_to, batch.targets)
             arrays = jax.device_put(arrays, rows_sharding)  # None: the default device
-            result = _batch_logprobs(self._graphdef, self.vocab_chunk, self.mesh, self._state, *arrays)
+            result = kernel(self._graphdef, self.vocab_chunk, self.mesh, self._state, *arrays)
             if pending is not None:
-                self._collect(*pending, out)
+                self._collect_all(*pending, out, flags)
             pending = (batch, result)
         if pending is not None:
-            self._collect(*pending, out)
-        return out
+            self._collect_all(*pending, out, flags)
+        return (out, flags) if greedy else out
+
+    @classmethod
+    def _collect_all(cls, batch, result, out, flags) -> None:
+        if flags is None:
+            cls._collect(batch, result, out)
+        else:
+            cls._collect(batch, result[0], out)
+            cls._collect(batch, result[1], flags)
 
     def plan(self, rooms: list[int]) -> list[PlannedBatch]:
         """The batches that hold groups of these sizes (tokens each, document start included)."""
@@ -203,7 +267,8 @@ class Scorer:
     def _collect(batch, result, out) -> None:
         lp = np.asarray(result)
         for s in batch.spans:
-            scored = lp[s.row, s.start:s.start + s.length - 1].astype(np.float32)
+            scored = lp[s.row, s.start:s.start + s.length - 1]
+            scored = scored if scored.dtype == bool else scored.astype(np.float32)
             if s.part < 0:
                 out[s.group] = (scored, out[s.group][1])
             else:

@@ -23,8 +23,17 @@ def token_logprobs(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, 
     The target's logit is picked out of the same chunk of logits that feeds the log-normaliser, so the
     two share their rounding: a confident prediction (target logit ~ logsumexp) then loses nothing.
     """
+    return token_logprobs_and_greedy(hidden, out_embed, targets, chunk, cap)[0]
+
+
+def token_logprobs_and_greedy(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, chunk: int = 8192,
+                              cap: float | None = None) -> tuple[jax.Array, jax.Array]:
+    """([B, T] float32 log p(targets | hidden), [B, T] bool: the target is the most probable token).
+
+    The flag is lm-eval's `is_greedy` per token: the target's logit reaches the running maximum of the
+    same scan, so it costs one comparison (a tie counts as greedy; argmax would pick the lower id)."""
     running_max, running_sum, target_logit = vocab_scan(hidden, out_embed, targets, 0, out_embed.shape[0], chunk, cap)
-    return target_logit - (running_max + jnp.log(running_sum))
+    return target_logit - (running_max + jnp.log(running_sum)), target_logit >= running_max
 
 
 def vocab_scan(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, first_id, vocab_size: int,
@@ -65,8 +74,9 @@ def vocab_scan(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, firs
 
 
 def sharded_token_logprobs(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, mesh,
-                           chunk: int = 8192, cap: float | None = None) -> jax.Array:
-    """`token_logprobs` with the vocabulary split over the mesh's `model` axis and rows over `data`.
+                           chunk: int = 8192, cap: float | None = None, with_greedy: bool = False):
+    """`token_logprobs` with the vocabulary split over the mesh's `model` axis and rows over `data`
+    (with_greedy: `token_logprobs_and_greedy`'s pair).
 
     Each device scans only its own rows of the output matrix; the log-normaliser is combined from the
     devices' [B, T] partial maxima and sums (pmax, psum), and the target's logit from the one device that
@@ -85,10 +95,13 @@ def sharded_token_logprobs(hidden: jax.Array, out_embed: jax.Array, targets: jax
         part_max, part_sum, part_target = vocab_scan(h, w, t, first, v, chunk, cap)
         top = jax.lax.pmax(part_max, "model")
         total = jax.lax.psum(part_sum * jnp.exp(part_max - top), "model")
-        return jax.lax.psum(part_target, "model") - (top + jnp.log(total))
+        target = jax.lax.psum(part_target, "model")
+        logprobs = target - (top + jnp.log(total))
+        return (logprobs, target >= top) if with_greedy else logprobs
 
+    out_specs = (P("data"), P("data")) if with_greedy else P("data")
     return jax.shard_map(local, mesh=mesh, in_specs=(P("data"), P("model"), P("data")),
-                         out_specs=P("data"), check_vma=False)(hidden, out_embed, targets)
+                         out_specs=out_specs, check_vma=False)(hidden, out_embed, targets)
 
 
 def reduce_logprobs(logprobs, reduction: str):

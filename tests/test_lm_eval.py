@@ -1,0 +1,159 @@
+"""dcsjax as an lm-evaluation-harness backend, against lm-eval's own hf backend (transformers + torch reading
+the same GGUF file, float32), through lm-eval's own evaluator.
+
+Three task configs kept in tests/lm_eval_tasks/ (multiple_choice, loglikelihood_rolling, generate_until, each
+over a local data file) and one of lm-eval's packaged configs (arc_easy, its own YAML included unchanged but
+for where the data lies) pointed at BIG-bench items written in ARC's schema.
+
+Tolerances: a request's log-likelihood within 1e-4. For Gemma 3 the bound grows by 3e-5 a token: torch's
+float32 log_softmax over Gemma's 262,144-token vocabulary runs about 2e-5 above the float64 value at every
+token (dcsjax's chunked log-normaliser is within 2e-6 of it; measured on the parity passage), so sums over
+several tokens drift apart by that much. Rolling documents (300-1,500 tokens, log-likelihoods near -1,000,
+where one float32 step is 6e-5) are compared relatively, 2e-5 of their value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+lm_eval = pytest.importorskip("lm_eval")  # part of the test extra; a core install has no lm-eval
+
+TASKS_DIR = ROOT / "tests" / "lm_eval_tasks"
+OWN_TASKS = ["dcsjax_mc", "dcsjax_rolling", "dcsjax_gen"]
+MAX_LENGTH = 128  # short windows, so every rolling document spans several of them
+PER_TOKEN = {"smollm2-135m-instruct": 0.0, "gemma3-270m": 3e-5}
+
+_runs: dict = {}
+
+
+def _evaluate(backend: str, model_name: str, tasks: list[str], include: Path = TASKS_DIR) -> dict:
+    """lm-eval's simple_evaluate with per-sample logs; one run per backend, model and task set."""
+    from lm_eval.tasks import TaskManager
+
+    from conftest import scorer_for
+    from dcsjax.fetch import fetch_model
+    from dcsjax.harness import DcsjaxLM
+
+    key = (backend, model_name, tuple(tasks), str(include))
+    if key not in _runs:
+        if backend == "dcsjax":
+            model, args = DcsjaxLM(pretrained=scorer_for(model_name), max_length=MAX_LENGTH), None
+        else:
+            path = fetch_model(model_name)
+            model, args = "hf", {"pretrained": str(path.parent), "gguf_file": path.name, "dtype": "float32",
+                                 "max_length": MAX_LENGTH}
+        with contextlib.chdir(ROOT):  # the kept task configs name their data files from the repository root
+            _runs[key] = lm_eval.simple_evaluate(model=model, model_args=args, tasks=tasks, batch_size=8,
+                                                 device="cpu",
+                                                 task_manager=TaskManager(include_path=str(include)),
+                                                 log_samples=True)
+    return _runs[key]
+
+
+def _metrics(result: dict, task: str) -> dict:
+    return {k: v for k, v in result["results"][task].items() if "," in k}
+
+
+def _compare(ours: dict, theirs: dict, task: str, model_name: str) -> None:
+    """Same documents, per-sample log-likelihoods within the bound, same greedy flags and generations."""
+    from conftest import scorer_for
+
+    tokenizer = scorer_for(model_name).tokenizer
+    a, b = ours["samples"][task], theirs["samples"][task]
+    assert [s["doc_id"] for s in a] == [s["doc_id"] for s in b] and a
+    worst = 0.0
+    for x, y in zip(a, b):
+        assert x["arguments"] == y["arguments"]
+        for (got,), (want,), request in zip(x["resps"], y["resps"], x["arguments"]):
+            if task.endswith("gen"):
+                assert got == want, f"doc {x['doc_id']}: {got!r} != {want!r}"
+            elif task.endswith("rolling"):
+                gap = abs(got - want) / abs(want)
+                assert gap < 2e-5, f"doc {x['doc_id']}: {got} vs {want}"
+                worst = max(worst, gap)
+            else:
+                (lp, greedy), (ref_lp, ref_greedy) = got, want
+                n_tokens = len(tokenizer.encode(request[1], add_special_tokens=False))
+                bound = 1e-4 + PER_TOKEN[model_name] * n_tokens
+                assert abs(lp - ref_lp) < bound, f"doc {x['doc_id']} {request[1]!r}: {lp} vs {ref_lp}"
+                assert greedy == ref_greedy, f"doc {x['doc_id']} {request[1]!r}: is_greedy differs"
+                worst = max(worst, abs(lp - ref_lp))
+        if not task.endswith("gen") and not task.endswith("rolling"):
+            choice = lambda s: max(range(len(s["resps"])), key=lambda j: s["resps"][j][0][0])  # noqa: E731
+            assert choice(x) == choice(y), f"doc {x['doc_id']}: the argmax choice differs"
+    print(f"{model_name} {task}: largest gap {worst:.2e} over {len(a)} documents")
+
+
+@pytest.mark.parametrize("task", OWN_TASKS)
+def test_lm_eval_with_dcsjax_equals_the_hf_backend(model_name, task):
+    ours = _evaluate("dcsjax", model_name, OWN_TASKS)
+    theirs = _evaluate("hf", model_name, OWN_TASKS)
+    _compare(ours, theirs, task, model_name)
+    mine, ref = _metrics(ours, task), _metrics(theirs, task)
+    assert mine.keys() == ref.keys() and mine
+    for key, value in mine.items():
+        if isinstance(value, str):  # "N/A" standard errors
+            assert value == ref[key]
+        elif "perplexity" in key or "bits_per_byte" in key:
+            assert math.isclose(value, ref[key], rel_tol=1e-4), key
+        else:
+            assert value == pytest.approx(ref[key], abs=1e-12), key
+
+
+def _arc_task(tmp_path: Path) -> Path:
+    """lm-eval's own arc_easy.yaml, included unchanged, with its data read from a local file of ARC's schema
+    (question, choices {text, label}, answerKey) holding BIG-bench general_knowledge items."""
+    from dcsjax.data.bigbench import bigbench_items
+
+    items, _ = bigbench_items("general_knowledge")
+    files = {}
+    for split, chunk in [("train", items[24:32]), ("validation", items[32:40]), ("test", items[:24])]:
+        files[split] = tmp_path / f"arc_easy_local_{split}.jsonl"
+        with files[split].open("w") as f:
+            for item in chunk:
+                labels = [chr(ord("A") + j) for j in range(len(item.choices))]
+                f.write(json.dumps({"id": item.id, "question": item.question,
+                                    "choices": {"text": list(item.choices), "label": labels},
+                                    "answerKey": labels[item.correct[0]]}) + "\n")
+    packaged = Path(lm_eval.__file__).parent / "tasks" / "arc" / "arc_easy.yaml"
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "arc_easy_local.yaml").write_text(
+        f"include: {packaged}\ntask: arc_easy_local\ndataset_path: json\ndataset_name: null\n"
+        "dataset_kwargs:\n  data_files:\n" + "".join(f"    {k}: {v}\n" for k, v in files.items()))
+    return folder
+
+
+def test_lm_eval_packaged_arc_easy_config_matches_the_hf_backend(tmp_path_factory):
+    folder = _arc_task(tmp_path_factory.mktemp("arc"))
+    name = "smollm2-135m-instruct"
+    ours = _evaluate("dcsjax", name, ["arc_easy_local"], folder)
+    theirs = _evaluate("hf", name, ["arc_easy_local"], folder)
+    _compare(ours, theirs, "arc_easy_local", name)
+    assert ours["configs"]["arc_easy_local"]["doc_to_text"] == "Question: {{question}}\nAnswer:"  # lm-eval's prompt
+    assert _metrics(ours, "arc_easy_local") == pytest.approx(_metrics(theirs, "arc_easy_local"), abs=1e-12)
+    assert ours["config"]["model_backend"] == "dcsjax" and ours["config"]["model_fingerprint"]["sha256"]
+
+
+def test_lm_eval_command_line_runs_the_dcsjax_backend(tmp_path, monkeypatch):
+    """`dcsjax lm-eval --model dcsjax ...`: lm-eval's own command line finds the backend and writes its
+    results file, the same accuracy as the Python run."""
+    from dcsjax.cli import main
+
+    monkeypatch.chdir(ROOT)  # the task configs name their data files from the repository root
+    out = tmp_path / "out"
+    assert main(["lm-eval", "--model", "dcsjax", "--model_args", f"pretrained=smollm2-135m-instruct,"
+                 f"max_length={MAX_LENGTH}", "--tasks", "dcsjax_mc", "--include_path", str(TASKS_DIR),
+                 "--output_path", str(out), "--log_samples"]) == 0
+    (results,) = out.rglob("results_*.json")
+    written = json.loads(results.read_text())
+    python_run = _evaluate("dcsjax", "smollm2-135m-instruct", OWN_TASKS)
+    assert written["results"]["dcsjax_mc"]["acc,none"] == python_run["results"]["dcsjax_mc"]["acc,none"]
+    assert list(out.rglob("samples_dcsjax_mc_*.jsonl"))
