@@ -6,6 +6,8 @@
 import json
 import sys
 
+from dcsjax.tables import render
+
 
 def config(r: dict) -> str:
     keys = ("batch_size", "pack", "sorted", "shared_question")
@@ -17,8 +19,7 @@ def main(paths) -> None:
         d = json.load(open(path))
         print(f"{d['device']}, {d['cores']} cores; measured matmul rate: {d['matmul_gflops']['float32']:.0f} GFLOP/s "
               f"float32, {d['matmul_gflops']['bfloat16']:.0f} bfloat16\n")
-        print("| model | workload | engine | dtype | configuration | tokens/s | x peer best | MFU | slots used | notes |")
-        print("|---|---|---|---|---|---:|---:|---:|---:|---|")
+        body = []
         for r in d["rows"]:
             notes = []
             if "compiles" in r:
@@ -29,9 +30,10 @@ def main(paths) -> None:
                 notes.append(f"batch 16 vs 1: max shift {r['batch_size_shift']:.3g} nats")
             if "speedup_from_sharing" in r:
                 notes.append(f"shared question {r['speedup_from_sharing']}x faster")
-            print(f"| {r['model']} | {r['workload']} | {r['engine']} | {r['dtype']} | {config(r)} | "
-                  f"{r['tokens_per_s']:.0f} | {r.get('ratio_to_peer_best', '')} | {r['mfu']:.0%} | "
-                  f"{r.get('slot_use', '')} | {'; '.join(notes)} |")
+            body.append([r["model"], r["workload"], r["engine"], r["dtype"], config(r), f"{r['tokens_per_s']:.0f}",
+                         r.get("ratio_to_peer_best", ""), f"{r['mfu']:.0%}", r.get("slot_use", ""), "; ".join(notes)])
+        print(render(["model", "workload", "engine", "dtype", "configuration", "tokens/s", "x peer best", "MFU",
+                      "slots used", "notes"], body, "markdown", numeric=(5, 6, 7, 8)))
         print()
 
 

@@ -86,11 +86,12 @@ def cmd_eval(args) -> int:
                        replace_stale=args.replace_stale or args.command == "demo", document_start=args.document_start,
                        variant=args.variant, option_order=args.option_order, seed=args.seed,
                        idk_phrasings=[p.strip() for p in args.idk_phrasings.split("|")] if args.idk_phrasings else None,
-                       skip_unavailable=args.skip_unavailable or args.command == "demo" or args.protocols is None)
+                       skip_unavailable=args.skip_unavailable or args.command == "demo" or args.protocols is None,
+                       num_fewshot=args.num_fewshot, log_samples=args.log_samples)
     import jax
 
     if jax.process_index() == 0:
-        print(format_table(summary))
+        print(format_table(summary, args.format))
         print(f"\n{time.perf_counter() - start:.0f} s; per-item results and summary.json under {args.output}")
     return 0
 
@@ -268,6 +269,23 @@ def _train_parser(sub) -> None:
     p.set_defaults(func=cmd_train_abstain)
 
 
+def cmd_export_lm_eval(args) -> int:
+    from pathlib import Path
+
+    from dcsjax.results import write_json_atomic
+    from dcsjax.results_lm_eval import to_lm_eval
+
+    try:
+        exported = to_lm_eval(Path(args.results))
+    except (OSError, ValueError) as err:
+        print(f"dcsjax: error: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else Path(args.results) / f"results_{time.strftime('%Y-%m-%dT%H-%M-%S')}.json"
+    write_json_atomic(out, exported)
+    print(f"{len(exported['results'])} task x protocol results in lm-eval's schema: {out}")
+    return 0
+
+
 def cmd_lm_eval(argv: list[str]) -> int:
     try:
         from dcsjax.harness import main as harness_main
@@ -323,6 +341,13 @@ def main(argv: list[str] | None = None) -> int:
                        help="the first N items of each task")
         p.add_argument("--threshold", type=_threshold, default=None, help="DCS loadings lc = 1, lw = t / (1 - t)")
         p.add_argument("--output", default="results")
+        p.add_argument("--num-fewshot", type=int, default=0, metavar="K",
+                       help="K solved exemplars before each question (mcqa and apx only: pass --protocols mcqa,apx), "
+                            "drawn per item from the task's other items, seeded by --seed; each record names them")
+        p.add_argument("--log-samples", action="store_true",
+                       help="each record keeps the text the model was given (its raw output is recorded anyway)")
+        p.add_argument("--format", default="text", choices=["text", "markdown"],
+                       help="the printed results table: aligned text, or GitHub Markdown to paste into a report")
         p.add_argument("--replace-stale", action="store_true", default=False,
                        help="records in OUTPUT made with other settings (model, dtype, loadings, prompt, data, code) "
                             "are moved aside to <protocol>.jsonl.stale and scored anew, instead of stopping the "
@@ -350,6 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_report)
     _train_parser(sub)
     _statements_parser(sub)
+    p = sub.add_parser("export-lm-eval", help="a results folder's summary in lm-evaluation-harness's results schema "
+                       "(`\"acc,none\"` keys), for the dashboards that read lm-eval's results files")
+    p.add_argument("results", metavar="RESULTS_DIR")
+    p.add_argument("--out", default=None, help="default RESULTS_DIR/results_<date>.json, as lm-eval names its files")
+    p.set_defaults(func=cmd_export_lm_eval)
     sub.add_parser("lm-eval", help="lm-evaluation-harness's command line with `--model dcsjax` registered "
                    "(every argument is lm-eval's; needs the lm-eval extra)", add_help=False)
     args = parser.parse_args(argv)

@@ -55,7 +55,7 @@ def protocol_settings(protocol: str, ctx, order: str, seed: int) -> dict:
     from dcsjax import protocols
 
     return {"option_order": order, **({"seed": seed} if order != "source" else {}),
-            **protocols.get(protocol).settings(ctx)}
+            **protocols.get(protocol).settings(ctx), **({"log_samples": True} if ctx.log_samples else {})}
 
 
 def task_identity(card, items, statements_file: Path | None) -> dict:
@@ -123,7 +123,7 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
              chunk: int = CHUNK, dtype: str = "float32", mesh=None, statements: str | Path | None = None,
              replace_stale: bool = False, document_start: str | None = None, variant: str | None = None,
              option_order: str = DEFAULT_ORDER, seed: int = 0, idk_phrasings: Sequence[str] | None = None,
-             skip_unavailable: bool = False) -> dict:
+             skip_unavailable: bool = False, num_fewshot: int = 0, log_samples: bool = False) -> dict:
     """Every protocol on every task. In a multi-process run (`dcsjax.distributed`), each process scores its
     share of every chunk and process 0 writes the gathered records; the files equal a single process's.
 
@@ -135,21 +135,27 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
     text in the letter prompt).
     skip_unavailable: a protocol a task cannot run (APS without declarative statements) is skipped and
     named in the result's `skipped`, instead of stopping the run before it starts.
-    replace_stale: records of other settings in the output are moved aside (`.stale`) instead of stopping."""
+    replace_stale: records of other settings in the output are moved aside (`.stale`) instead of stopping.
+    num_fewshot: solved exemplars before each question, MCQA-LL and APX only (`protocols.fewshot`).
+    log_samples: each record keeps the text(s) the model was given (`prompt`); its raw output is in the
+    record already (APX's generation, the log-likelihoods or probabilities of the others)."""
     import dcsjax
     from dcsjax import distributed
     from dcsjax import protocols as registry
     from dcsjax.data.tasks import load_task, resolve_task
-    from dcsjax.protocols import IDK_PHRASINGS
+    from dcsjax.protocols import IDK_PHRASINGS, fewshot
 
     idk_phrasings = tuple(idk_phrasings or IDK_PHRASINGS)
     lc, lw = check_arguments(protocols, limit, threshold, option_order, idk_phrasings)
+    fewshot.check(protocols, num_fewshot)
     cards = [resolve_task(task) for task in tasks]
     statements = Path(statements) if statements is not None else None
     from_file = (lambda item: list(item.statements)) if statements is not None else None
 
-    def context(card, scorer=None):
-        return registry.Context(scorer, card, lc, lw, from_file, str(statements) if statements else None, idk_phrasings)
+    def context(card, scorer=None, pool=()):
+        return registry.Context(scorer, card, lc, lw, from_file, str(statements) if statements else None, idk_phrasings,
+                                fewshot.Exemplars(tuple(pool), num_fewshot, seed, option_order) if num_fewshot and pool else None,
+                                log_samples)
 
     plan, skipped = [], []
     for card in cards:
@@ -181,7 +187,7 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
             errors = [e.as_record() for e in load_errors]
             if lead:
                 writer.write_errors(folder, errors)
-            ctx = context(card, scorer)
+            ctx = context(card, scorer, all_items)  # exemplars come from all the task's items, never the item
             for protocol in runnable:
                 settings = {"model": model_identity, "task": task, "protocol": protocol,
                             "settings": protocol_settings(protocol, ctx, option_order, seed),
@@ -225,6 +231,7 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
                    "option_order": option_order, "seed": seed, "idk_phrasings": list(idk_phrasings),
                    "statements": str(statements) if statements else None, "dtype": dtype,
                    "mesh": None if mesh is None else str(mesh), "batch_size": batch_size,
+                   "num_fewshot": num_fewshot, "log_samples": log_samples,
                    "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "versions": results.environment()}
             writer.update_summary(rows, run)
     # this run's rows, in its order (summary.json also keeps the rows of earlier runs of other tasks)
@@ -263,10 +270,12 @@ def _bar(progress: bool, total: int, initial: int, desc: str):
     return tqdm(total=total, initial=initial, desc=desc, unit="item", disable=not progress)
 
 
-def format_table(summary: dict) -> str:
-    """The results table; `const` is the accuracy of always giving the best single letter on the same
-    presentations (a letter preference alone reaches it), and `IDK spread` the range of sequence DCS over
-    the IDK phrasings."""
+def format_table(summary: dict, fmt: str = "text") -> str:
+    """The results table (fmt "text" or "markdown"); `const` is the accuracy of always giving the best single
+    letter on the same presentations (a letter preference alone reaches it), and `IDK spread` the range of
+    sequence DCS over the IDK phrasings."""
+    from dcsjax.tables import render
+
     def number(x):
         return "-" if x is None else f"{x:.3f}"
 
@@ -280,9 +289,7 @@ def format_table(summary: dict) -> str:
         rows.append([r["model"], r["task"], r["protocol"], str(r["n"]), str(r["errors"]), r["metric"],
                      number(r["value"]), "-" if r["ci95"][0] is None else f"[{number(r['ci95'][0])}, {number(r['ci95'][1])}]",
                      const, "-" if spread is None else f"{spread:.3f}" + (" !" if r.get("warnings") else "")])
-    widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    lines = [fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows)]
+    lines = [render(header, rows, fmt, numeric=(3, 4, 6))]
     notes = [f"! {r['model']} {r['task']} {r['protocol']}: {w}" for r in summary["rows"] for w in r.get("warnings", [])]
     reasons: dict = {}  # one line per protocol and reason, naming its tasks
     for s in summary.get("skipped", []):

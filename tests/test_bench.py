@@ -29,3 +29,10 @@ def test_throughput_script_quick(tmp_path):
 def test_gpu_script_small_config_on_cpu(tmp_path):
     result = run(["bench/gpu_llama1b.py", "--small"], tmp_path)
     assert len(result["rows"]) == 3 and all(r["tokens_per_s"] > 0 for r in result["rows"])
+
+
+def test_lm_eval_backends_script_quick(tmp_path):
+    result = run(["bench/lm_eval_backends.py", "--items", "8", "--arc-only"], tmp_path)
+    assert [r["backend"] for r in result["rows"]] == ["dcsjax", "hf"]
+    assert all(r["first_run_s"] > 0 and r["loaded_run_s"] > 0 for r in result["rows"])
+    assert result["metrics"]["dcsjax"] == result["metrics"]["hf"]  # the same accuracies from both backends

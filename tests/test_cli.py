@@ -25,6 +25,11 @@ def test_eval_prints_a_table(capsys, tmp_path):
     assert "known_unknowns  dcs" in captured.out and "95% CI" in captured.out
     assert "known_unknowns dcs" in captured.err  # the progress bar
     assert (tmp_path / "summary.json").exists()
+    # the same results as a Markdown table (the records are reused: nothing is scored again)
+    assert main(["eval", "--tasks", "known_unknowns", "--protocols", "qa-ppl,dcs", "--limit", "4",
+                 "--output", str(tmp_path), "--format", "markdown"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| model ") and lines[1].startswith("|---") and "| known_unknowns " in lines[2]
 
 
 def test_errors_are_one_line_and_exit_2(capsys):

@@ -33,6 +33,7 @@ from dcsjax.metrics import (
     ternary_score,
 )
 from dcsjax.results import ReadReport, model_facts, read_records, result_files
+from dcsjax.tables import render
 
 DCS_PROTOCOLS = ("dcs", "dcs-letters")
 TERNARY_T = 0.75
@@ -171,13 +172,12 @@ def positions_table(rows: list[dict]) -> str:
     def shares(counts: dict, total: int) -> str:
         return " ".join(f"{k}:{v / total:.2f}" for k, v in counts.items() if v)
 
-    lines = ["| model | task | protocol | order | presentations | gold at | answered at | best constant | accuracy |",
-             "|---|---|---|---|---:|---|---|---|---:|"]
-    for r in rows:
-        lines.append(f"| {r['model']} | {r['task']} | {r['protocol']} | {r['order']} | {r['presentations']} | "
-                     f"{shares(r['gold'], r['presentations'])} | {shares(r['answer'], r['presentations'])} | "
-                     f"{r['best_constant_letter']} {r['best_constant']:.2f} | {r['accuracy']:.2f} |")
-    return "\n".join(lines)
+    header = ["model", "task", "protocol", "order", "presentations", "gold at", "answered at", "best constant",
+              "accuracy"]
+    return render(header, [[r["model"], r["task"], r["protocol"], r["order"], r["presentations"],
+                            shares(r["gold"], r["presentations"]), shares(r["answer"], r["presentations"]),
+                            f"{r['best_constant_letter']} {r['best_constant']:.2f}", f"{r['accuracy']:.2f}"]
+                           for r in rows], "markdown", numeric=(4, 8))
 
 
 def idk_rows(models: dict[str, ModelResults]) -> list[dict]:
@@ -201,14 +201,11 @@ def idk_table(rows: list[dict]) -> str:
         return "no sequence DCS records with IDK phrasings"
     names = list(rows[0]["by_idk"])
     norms = list(rows[0]["by_normalisation"])
-    lines = ["| model | task | n | " + " | ".join(f"DCS (pIDK) IDK = {n!r}" for n in names) + " | "
-             + " | ".join(f"DCS per {n}" for n in norms) + " | spread over phrasings |",
-             "|---|---|---:|" + "---:|" * (len(names) + len(norms) + 1)]
-    for r in rows:
-        lines.append(f"| {r['model']} | {r['task']} | {r['n']} | "
-                     + " | ".join(f"{r['by_idk'][n]:.3f} ({r['p_idk'][n]:.2f})" for n in names) + " | "
-                     + " | ".join(f"{r['by_normalisation'][n]:.3f}" for n in norms) + f" | {r['spread']:.3f} |")
-    return "\n".join(lines)
+    header = ["model", "task", "n", *(f"DCS (pIDK) IDK = {n!r}" for n in names), *(f"DCS per {n}" for n in norms),
+              "spread over phrasings"]
+    body = [[r["model"], r["task"], r["n"], *(f"{r['by_idk'][n]:.3f} ({r['p_idk'][n]:.2f})" for n in names),
+             *(f"{r['by_normalisation'][n]:.3f}" for n in norms), f"{r['spread']:.3f}"] for r in rows]
+    return render(header, body, "markdown", numeric=range(2, len(header)))
 
 
 def results_table(models: dict[str, ModelResults], n_boot: int = 1000) -> str:
@@ -218,8 +215,8 @@ def results_table(models: dict[str, ModelResults], n_boot: int = 1000) -> str:
 
     columns = [("aps", "APS acc"), ("qa-ppl", "QA-PPL acc"), ("mcqa", "MCQA-LL acc (sum)"),
                ("apx", "APX acc (parse failures)"), ("dcs", "DCS seq (IDK spread)"), ("dcs-letters", "DCS letters")]
-    lines = ["| task | model | best constant (letters) | " + " | ".join(c for _, c in columns) + " |",
-             "|---|---|---|" + "---|" * len(columns)]
+    header = ["task", "model", "best constant (letters)", *(c for _, c in columns)]
+    lines = []
     tasks = sorted({t for m in models.values() for t in m.records})
     for task in tasks:
         for m in models.values():
@@ -245,17 +242,15 @@ def results_table(models: dict[str, ModelResults], n_boot: int = 1000) -> str:
 
                     cell += f" ({summarise(records)['idk_spread']:.2f})"
                 cells.append(cell)
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            lines.append(cells)
+    return render(header, lines, "markdown")
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| model | task | protocol | metric | n | value | 95% CI |", "|---|---|---|---|---:|---:|---|"]
-    for r in rows:
-        extra = f" (p = {r['p_value']:.3f})" if "p_value" in r else ""
-        lines.append(f"| {r['model']} | {r['task']} | {r['protocol']} | {r['metric']} | {r['n']} | {r['value']:.3f} "
-                     f"| [{r['low']:.3f}, {r['high']:.3f}]{extra} |")
-    return "\n".join(lines)
+    body = [[r["model"], r["task"], r["protocol"], r["metric"], r["n"], f"{r['value']:.3f}",
+             f"[{r['low']:.3f}, {r['high']:.3f}]" + (f" (p = {r['p_value']:.3f})" if "p_value" in r else "")]
+            for r in rows]
+    return render(["model", "task", "protocol", "metric", "n", "value", "95% CI"], body, "markdown", numeric=(4, 5))
 
 
 # ------------------------------------------------------------------------------------------- figures

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from dcsjax.data.items import Item
-from dcsjax.protocols import options
+from dcsjax.protocols import fewshot, options
 
 # Wordings of "I don't know" that sequence DCS scores; the first is the IDK option's text where an item
 # needs one written out (the letter prompt, the fine-tuning data). See `dcs.py` for why there are several.
@@ -29,6 +29,11 @@ class Context:
     statements: Callable[[Item], Sequence[str]] | None = None  # APS: from a statements file, else the card's rule
     statements_file: str | None = None
     idk_phrasings: tuple[str, ...] = IDK_PHRASINGS
+    exemplars: Callable[[str], list[Item]] | None = None  # few-shot (`fewshot.Exemplars`): MCQA-LL and APX
+    log_samples: bool = False  # each record keeps the text the model was given (`prompt`)
+
+    def fewshot_settings(self) -> dict:
+        return self.exemplars.settings() if self.exemplars is not None and self.exemplars.k else {}
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class Protocol:
     idk_option: bool = False  # IDK is presented as one more option (and is shuffled with the others)
     merge_rotations: Callable | None = None  # (ctx, item, records, perms) -> the item's record
     unavailable: Callable[[Context], str | None] = field(default=lambda ctx: None)  # why it cannot run a task
+    prompt: Callable[[Context, Item], object] | None = None  # the text(s) the model is given for a presented item
 
 
 def _aps_statements(ctx: Context):
@@ -71,6 +77,7 @@ def _build() -> dict[str, Protocol]:
     return {p.name: p for p in [
         Protocol("aps", "perplexity ranking of declarative statements (002 §2)",
                  run=lambda ctx, items: aps.run_aps(ctx.scorer, items, _aps_statements(ctx)),
+                 prompt=lambda ctx, item: list(_aps_statements(ctx)(item)),
                  summarise=aps.summarise, headline=lambda r: float(r["correct"]), answer=choice,
                  settings=lambda ctx: {"statements": _aps_source(ctx),
                                        "template": ctx.card.statement_template if ctx.card.statements == "template" else None},
@@ -80,26 +87,36 @@ def _build() -> dict[str, Protocol]:
                      "+ option perplexity, which is not APS)")),
         Protocol("qa-ppl", "perplexity ranking of question + option texts (the card's qa_template; not APS)",
                  run=lambda ctx, items: aps.run_qa_ppl(ctx.scorer, items, ctx.card.qa_template),
+                 prompt=lambda ctx, item: aps.qa_texts(item, ctx.card.qa_template),
                  summarise=aps.summarise, headline=lambda r: float(r["correct"]), answer=choice,
                  settings=lambda ctx: {"template": ctx.card.qa_template}),
         Protocol("mcqa", "option log-likelihood after the question, four normalisations (002 App. B)",
-                 run=lambda ctx, items: mcqa.run_mcqa(ctx.scorer, items, ctx.card), summarise=mcqa.summarise,
+                 run=lambda ctx, items: mcqa.run_mcqa(ctx.scorer, items, ctx.card, ctx.exemplars),
+                 summarise=mcqa.summarise,
                  headline=lambda r: float(r["correct"]["sum"]), answer=lambda r: r["choice"]["sum"],
-                 settings=lambda ctx: {"context": "partial (cloze)" if ctx.card.cloze_blank else ctx.card.mcqa_context}),
+                 settings=lambda ctx: {"context": "partial (cloze)" if ctx.card.cloze_blank else ctx.card.mcqa_context,
+                                       **ctx.fewshot_settings()},
+                 prompt=lambda ctx, item: mcqa.prompt_record(item, ctx.card, ctx.exemplars(item.id) if ctx.exemplars else ())),
         Protocol("apx", "the prompted answer letter, greedy, parsed as D.2 (002 §2, App. D)",
-                 run=lambda ctx, items: apx.run_apx(ctx.scorer, items), summarise=apx.summarise,
+                 run=lambda ctx, items: apx.run_apx(ctx.scorer, items, ctx.exemplars), summarise=apx.summarise,
                  headline=lambda r: float(r["correct"]), answer=choice, letters=True,
                  settings=lambda ctx: {"instruct": apx.is_instruct(ctx.scorer),
                                        "chat_template": apx.uses_chat_template(ctx.scorer),
-                                       "max_new_tokens": apx.MAX_NEW_TOKENS},
+                                       "max_new_tokens": apx.MAX_NEW_TOKENS, **ctx.fewshot_settings()},
+                 prompt=lambda ctx, item: ctx.scorer.tokenizer.decode(apx.prompt_ids(
+                     ctx.scorer, item, ctx.exemplars(item.id) if ctx.exemplars else ())),
                  merge_rotations=lambda ctx, item, records, perms: apx.merge_rotations(item, records, perms)),
         Protocol("dcs", "DCS from option + IDK continuation likelihoods, under IDK phrasings and normalisations",
                  run=lambda ctx, items: dcs.run_dcs_sequences(ctx.scorer, items, ctx.lc, ctx.lw, ctx.idk_phrasings),
+                 prompt=lambda ctx, item: {"context": mcqa.mcqa_context(item),
+                                           "continuations": dcs.sequence_continuations(item, ctx.idk_phrasings)},
                  summarise=dcs.summarise, headline=lambda r: r["dcs"], answer=idk_answer,
                  settings=lambda ctx: dcs_settings(ctx) | {"idk_phrasings": list(ctx.idk_phrasings),
                                                            "idk_headline": "sum of the phrasings, summed log-likelihood"}),
         Protocol("dcs-letters", "DCS from the next-token probabilities of the option letters, IDK a lettered option",
                  run=lambda ctx, items: dcs.run_dcs_letters(ctx.scorer, items, ctx.lc, ctx.lw),
+                 prompt=lambda ctx, item: dict(zip(("context", "continuations"),
+                                                   dcs.letters_context(ctx.scorer, item, ctx.lc, ctx.lw)[:2])),
                  summarise=dcs.summarise, headline=lambda r: r["dcs"], answer=idk_answer, letters=True,
                  idk_option=True,
                  settings=lambda ctx: dcs_settings(ctx) | {"chat_template": dcs.letters_use_chat_template(ctx.scorer),
@@ -151,5 +168,10 @@ def score(protocol: Protocol, ctx: Context, items: Sequence[Item], order: str, s
         else:  # rotations: the merged record is in the item's own order
             record = {**protocol.merge_rotations(ctx, base, group, ps),
                       "order": {"name": order, "presentations": presentations}}
+        if ctx.fewshot_settings() and protocol.name in fewshot.FEWSHOT_PROTOCOLS:
+            record["fewshot"] = [ex.id for ex in ctx.exemplars(base.id)]
+        if ctx.log_samples and protocol.prompt is not None:  # one prompt per presentation (rotations: several)
+            prompts = [protocol.prompt(ctx, view) for view in views]
+            record["prompt"] = prompts[0] if len(prompts) == 1 else prompts
         records.append(record)
     return records

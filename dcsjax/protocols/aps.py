@@ -42,9 +42,12 @@ def run_aps(scorer, items: Sequence[Item], statements: Callable[[Item], Sequence
     return rank_by_perplexity(scorer, items, statements, "statements")
 
 
+def qa_texts(item: Item, template: str) -> list[str]:
+    return [template.format(question=item.question, choice=c) for c in item.choices]
+
+
 def run_qa_ppl(scorer, items: Sequence[Item], template: str) -> list[dict]:
-    return rank_by_perplexity(scorer, items, lambda item: [template.format(question=item.question, choice=c)
-                                                           for c in item.choices], "texts")
+    return rank_by_perplexity(scorer, items, lambda item: qa_texts(item, template), "texts")
 
 
 def summarise(records: list[dict]) -> dict:

@@ -39,13 +39,22 @@ def uses_chat_template(scorer) -> bool:
     return is_instruct(scorer) and bool(scorer.tokenizer.chat_template)
 
 
-def prompt_ids(scorer, item: Item) -> list[int]:
+def prompt_ids(scorer, item: Item, exemplars: Sequence[Item] = ()) -> list[int]:
     """Token ids of the full prompt: the chat template where the model has one, else system + question
-    after the document-start token."""
-    question = question_prompt(item, is_instruct(scorer))
+    after the document-start token. Few-shot exemplars come first, solved with their letter: as earlier
+    user and assistant turns in a chat, as earlier questions each followed by " <letter>" otherwise."""
+    instruct = is_instruct(scorer)
+    question = question_prompt(item, instruct)
     if uses_chat_template(scorer):
-        return scorer.encode([scorer.chat_text(question, SYSTEM_PROMPT)])[0]
-    return [scorer.document_start_id, *scorer.encode([f"{SYSTEM_PROMPT}\n\n{question}"])[0]]
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+        for ex in exemplars:
+            messages += [{"role": "user", "content": question_prompt(ex, instruct)},
+                         {"role": "assistant", "content": ex.letters[ex.correct[0]]}]
+        messages.append({"role": "user", "content": question})
+        text = scorer.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return scorer.encode([text])[0]
+    shots = "".join(f"{question_prompt(ex, instruct)} {ex.letters[ex.correct[0]]}\n\n" for ex in exemplars)
+    return [scorer.document_start_id, *scorer.encode([f"{SYSTEM_PROMPT}\n\n{shots}{question}"])[0]]
 
 
 # A letter counts only where an answer stands: alone at the start of a line ("C", "C.", "(C)", "C)"),
@@ -90,8 +99,9 @@ def parse_answer(generation: str, choices: Sequence[str]) -> tuple[int | None, s
     return None, "names several options: " + ", ".join(letters[i] for i in sorted(found))
 
 
-def run_apx(scorer, items: Sequence[Item]) -> list[dict]:
-    prompts = [prompt_ids(scorer, item) for item in items]
+def run_apx(scorer, items: Sequence[Item], exemplars=None) -> list[dict]:
+    """exemplars: item id -> solved items shown before it (`fewshot.Exemplars`); none by default."""
+    prompts = [prompt_ids(scorer, item, exemplars(item.id) if exemplars is not None else ()) for item in items]
     generations = greedy_generate(scorer, prompts, MAX_NEW_TOKENS) if items else []
     records = []
     for item, tokens in zip(items, generations):

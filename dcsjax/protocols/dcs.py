@@ -76,12 +76,18 @@ def phrasings_for(item: Item, phrasings: Sequence[str]) -> list[str]:
     return own + [p for p in phrasings if p.strip().casefold() not in seen]
 
 
+def sequence_continuations(item: Item, phrasings: Sequence[str] = IDK_PHRASINGS) -> list[str]:
+    """The answer options (an IDK option of the item's own left out), then each IDK phrasing."""
+    return ([" " + c for i, c in enumerate(item.choices) if i != item.idk]
+            + [" " + p for p in phrasings_for(item, phrasings)])
+
+
 def run_dcs_sequences(scorer, items: Sequence[Item], lc: float = 1.0, lw: float = 1.0,
                       phrasings: Sequence[str] = IDK_PHRASINGS) -> list[dict]:
     """Records in the item's option order with IDK at the item's own IDK index or appended last."""
     answers = [[i for i in range(len(item.choices)) if i != item.idk] for item in items]
     idk_texts = [phrasings_for(item, phrasings) for item in items]
-    conts = [[" " + item.choices[i] for i in a] + [" " + p for p in ps] for item, a, ps in zip(items, answers, idk_texts)]
+    conts = [sequence_continuations(item, phrasings) for item in items]
     per_token = scorer.option_logprobs([mcqa_context(i) for i in items], conts) if items else []
     idk_index = [item.idk if item.idk is not None else len(item.choices) for item in items]
     variants = {}  # (normalisation, phrasing) -> per item: distribution over options + IDK

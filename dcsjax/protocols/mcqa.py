@@ -39,22 +39,56 @@ def partial_contexts(item: Item, blank: str) -> tuple[list[str], str]:
     return [head + c for c in item.choices], " " + tail.strip()
 
 
-def run_mcqa(scorer, items: Sequence[Item], card=None) -> list[dict]:
-    if not items:
-        return []
+FEWSHOT_DELIMITER = "\n\n"  # between solved exemplars and before the question (lm-eval's default)
+
+
+def fewshot_prefix(exemplars: Sequence[Item], card=None) -> str:
+    """Solved exemplars, each its context and its answer as the option continuation would be scored
+    (a cloze sentence with its blank filled), then the delimiter before the item's own context."""
     if card is not None and card.cloze_blank is not None:
-        parts = [partial_contexts(item, card.cloze_blank) for item in items]
-        flat = scorer.option_logprobs([c for contexts, _ in parts for c in contexts],
-                                      [[rest] for contexts, rest in parts for _ in contexts])
-        per_token, texts, at = [], [], 0
-        for item, (contexts, rest) in zip(items, parts):
-            per_token.append([lps[0] for lps in flat[at:at + len(contexts)]])
-            texts.append([rest] * len(contexts))
-            at += len(contexts)
+        shots = [ex.question.replace(card.cloze_blank, ex.choices[ex.correct[0]]) for ex in exemplars]
     else:
         template = card.mcqa_context if card is not None else MCQA_CONTEXT
-        texts = [[" " + c for c in item.choices] for item in items]
-        per_token = scorer.option_logprobs([mcqa_context(i, template) for i in items], texts)
+        shots = [f"{mcqa_context(ex, template)} {ex.choices[ex.correct[0]]}" for ex in exemplars]
+    return "".join(shot + FEWSHOT_DELIMITER for shot in shots)
+
+
+def contexts_and_continuations(item: Item, card=None, exemplars: Sequence[Item] = ()) -> tuple[list[str], list[str]]:
+    """What is scored for one item: per option, (context, continuation); the context is shared except in
+    a cloze card, where each option fills the blank of its own context."""
+    prefix = fewshot_prefix(exemplars, card)
+    if card is not None and card.cloze_blank is not None:
+        contexts, rest = partial_contexts(item, card.cloze_blank)
+        return [prefix + c for c in contexts], [rest] * len(contexts)
+    template = card.mcqa_context if card is not None else MCQA_CONTEXT
+    return [prefix + mcqa_context(item, template)] * len(item.choices), [" " + c for c in item.choices]
+
+
+def prompt_record(item: Item, card=None, exemplars: Sequence[Item] = ()) -> dict:
+    """What --log-samples keeps: the shared context (a cloze card's one per option) and the continuations."""
+    contexts, continuations = contexts_and_continuations(item, card, exemplars)
+    shared = len(set(contexts)) == 1
+    return {"context" if shared else "contexts": contexts[0] if shared else contexts, "continuations": continuations}
+
+
+def run_mcqa(scorer, items: Sequence[Item], card=None, exemplars=None) -> list[dict]:
+    """exemplars: item id -> solved items shown before it (`fewshot.Exemplars`); none by default."""
+    if not items:
+        return []
+    shots = [exemplars(item.id) if exemplars is not None else [] for item in items]
+    if card is not None and card.cloze_blank is not None:
+        parts = [contexts_and_continuations(item, card, ex) for item, ex in zip(items, shots)]
+        flat = scorer.option_logprobs([c for contexts, _ in parts for c in contexts],
+                                      [[rest] for contexts, rests in parts for rest in rests])
+        per_token, texts, at = [], [], 0
+        for item, (contexts, rests) in zip(items, parts):
+            per_token.append([lps[0] for lps in flat[at:at + len(contexts)]])
+            texts.append(rests)
+            at += len(contexts)
+    else:
+        parts = [contexts_and_continuations(item, card, ex) for item, ex in zip(items, shots)]
+        texts = [conts for _, conts in parts]
+        per_token = scorer.option_logprobs([contexts[0] for contexts, _ in parts], texts)
     records = []
     for item, opts, lps in zip(items, texts, per_token):
         scores = normalised(lps, opts)

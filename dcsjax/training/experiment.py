@@ -35,6 +35,7 @@ from dcsjax.training.features import letter_features, load_features, save_featur
 from dcsjax.training.policies import (
     METRIC_LABELS, outcomes, own_choice, paired, summarise, thresholded, tune_threshold,
 )
+from dcsjax.tables import render
 from dcsjax.training.train import ARMS, TrainConfig, distributions, merge_top, predict_logits, top_params, train
 
 
@@ -233,8 +234,7 @@ def summary_table(results: dict) -> str:
              "A decision scores +1 right, -t/(1-t) wrong, 0 abstained; 'distribution' is DCS of the model's "
              "whole option+IDK distribution (a thresholded policy has none).", ""]
     for t, entry in results["by_threshold"].items():
-        lines += [f"### t = {t} (lw = {entry['lw']:.3g})", "",
-                  "| policy | " + " | ".join(METRIC_LABELS[n] for n in names) + " |", "|---|" + "---:|" * len(names)]
+        body = []
         for name, p in entry["policies"].items():
             cells = []
             for n in names:
@@ -242,13 +242,17 @@ def summary_table(results: dict) -> str:
                 cells.append("-" if v is None else f"{v:+.3f} [{lo:+.3f}, {hi:+.3f}]" if n in ("score", "dcs")
                              else f"{v:.3f}")
             tau = f" (tau {np.mean(p['tau']):.2f})" if "tau" in p else ""
-            lines.append(f"| {_label(name)}{tau} | " + " | ".join(cells) + " |")
+            body.append([f"{_label(name)}{tau}", *cells])
+        lines += [f"### t = {t} (lw = {entry['lw']:.3g})", "",
+                  render(["policy", *(METRIC_LABELS[n] for n in names)], body, "markdown",
+                         numeric=range(1, len(names) + 1))]
         if entry["paired"]:
-            lines += ["", "| DCS-trained minus baseline, same items | difference in decision score | 95% interval "
-                      "| share of resamples <= 0 |", "|---|---:|---:|---:|"]
+            pairs = []
             for pair, (d, lo, hi, p0) in entry["paired"].items():
                 a, b = pair.split(" - ")
-                lines.append(f"| {_label(a)} - {_label(b)} | {d:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {p0:.3f} |")
+                pairs.append([f"{_label(a)} - {_label(b)}", f"{d:+.3f}", f"[{lo:+.3f}, {hi:+.3f}]", f"{p0:.3f}"])
+            lines += ["", render(["DCS-trained minus baseline, same items", "difference in decision score",
+                                  "95% interval", "share of resamples <= 0"], pairs, "markdown", numeric=(1, 2, 3))]
         lines.append("")
     return "\n".join(lines)
 

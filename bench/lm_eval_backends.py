@@ -1,0 +1,126 @@
+"""The wall time of one whole lm-evaluation-harness run with the dcsjax backend against lm-eval's hf backend
+(transformers + torch reading the same GGUF file, float32), same machine, same process, same tasks.
+
+    python bench/lm_eval_backends.py                         # SmolLM2, 300 items (about 10 minutes on 2 cores)
+    python bench/lm_eval_backends.py --model gemma3-270m --items 100
+
+The run: lm-eval's own arc_easy.yaml (multiple_choice, acc and acc_norm) over ITEMS BIG-bench items written
+in ARC's schema, plus the kept loglikelihood_rolling and generate_until configs of tests/lm_eval_tasks/.
+Each backend is timed from construction (model load, and for dcsjax its compiles) to lm-eval's results,
+and then again on a second evaluation with the model already loaded (what a sweep over many tasks pays
+per task). Both runs' metrics are printed side by side: equal metrics are part of the result.
+Writes bench/results/lm-eval-<time>.json. Needs the test extra (torch, lm-eval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache"))
+os.environ.setdefault("HF_HOME", str(ROOT / ".cache" / "huggingface"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+SOURCE_TASKS = ("general_knowledge", "misconceptions", "hindu_knowledge", "logical_deduction_three_objects",
+                "logical_deduction_five_objects", "known_unknowns")
+KEPT_TASKS = ("dcsjax_rolling", "dcsjax_gen")
+
+
+def arc_task(folder: Path, n_items: int) -> str:
+    """lm-eval's arc_easy.yaml, unchanged but for its data: BIG-bench items in ARC's schema."""
+    import lm_eval
+
+    from dcsjax.data.bigbench import bigbench_items
+
+    rows = []
+    for task in SOURCE_TASKS:
+        items, _ = bigbench_items(task)
+        rows += [{"id": i.id, "question": i.question, "choices": {"text": list(i.choices),
+                                                                  "label": [chr(65 + j) for j in range(len(i.choices))]},
+                  "answerKey": chr(65 + i.correct[0])} for i in items]
+    rows = rows[:n_items]
+    data = folder / "arc_bench.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    packaged = Path(lm_eval.__file__).parent / "tasks" / "arc" / "arc_easy.yaml"
+    (folder / "arc_bench.yaml").write_text(
+        f"include: {packaged}\ntask: arc_bench\ndataset_path: json\ndataset_name: null\n"
+        f"dataset_kwargs:\n  data_files:\n    train: {data}\n    validation: {data}\n    test: {data}\n")
+    return "arc_bench"
+
+
+def evaluate(model, tasks: list[str], manager) -> tuple[dict, float]:
+    import lm_eval
+
+    start = time.perf_counter()
+    with contextlib.chdir(ROOT):  # the kept configs name their data from the repository root
+        result = lm_eval.simple_evaluate(model=model, tasks=tasks, task_manager=manager, batch_size=8, device="cpu")
+    return result, time.perf_counter() - start
+
+
+def main() -> None:
+    import tempfile
+
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from dcsjax.fetch import fetch_model
+    from dcsjax.harness import DcsjaxLM
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--items", type=int, default=300)
+    parser.add_argument("--arc-only", action="store_true", help="only the arc_easy config (a quick check)")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp())
+    tasks = [arc_task(folder, args.items), *(() if args.arc_only else KEPT_TASKS)]
+    manager = TaskManager(include_path=f"{folder}:{ROOT / 'tests' / 'lm_eval_tasks'}")
+    path = fetch_model(args.model)
+    rows, metrics = [], {}
+    builders = {"dcsjax": lambda: DcsjaxLM(pretrained=args.model),
+                "hf": lambda: HFLM(pretrained=str(path.parent), gguf_file=path.name, dtype="float32", batch_size=8,
+                                   device="cpu")}
+    for backend, build in builders.items():
+        start = time.perf_counter()
+        model = build()
+        loaded = time.perf_counter() - start
+        result, first = evaluate(model, tasks, manager)
+        _, second = evaluate(model, tasks, manager)
+        metrics[backend] = {t: {k: v for k, v in r.items() if "," in k and "stderr" not in k}
+                            for t, r in result["results"].items()}
+        rows.append({"backend": backend, "load_s": round(loaded, 2), "first_run_s": round(loaded + first, 2),
+                     "loaded_run_s": round(second, 2)})
+        print(rows[-1], flush=True)
+    ours, peer = rows
+    ratio = {"first_run": round(peer["first_run_s"] / ours["first_run_s"], 2),
+             "loaded_run": round(peer["loaded_run_s"] / ours["loaded_run_s"], 2)}
+    import jax
+    import torch
+
+    record = {"model": args.model, "items": args.items, "tasks": tasks, "rows": rows, "hf_over_dcsjax": ratio,
+              "metrics": metrics, "device": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+              "torch_threads": torch.get_num_threads(), "jax_devices": str(jax.devices()),
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    out = Path(args.out) / f"lm-eval-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1))
+    from dcsjax.tables import render
+
+    print(render(["backend", "load s", "whole run s (load included)", "second run s (model loaded)"],
+                 [[r["backend"], r["load_s"], r["first_run_s"], r["loaded_run_s"]] for r in rows], "markdown",
+                 numeric=(1, 2, 3)))
+    print(f"\nhf / dcsjax wall time: {ratio['first_run']}x whole run, {ratio['loaded_run']}x with the model loaded")
+    for task in tasks:
+        print(task, "dcsjax", metrics["dcsjax"][task], "| hf", metrics["hf"][task])
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Few-shot exemplars for MCQA-LL and APX: k other items of the task, solved, before the question.
+
+Exemplars are drawn per item from the task's other items (never the item itself: BIG-bench tasks have no
+training split), seeded by the run seed and the item id, so a resumed, sharded or rebatched run shows each
+item the same exemplars; each record names them (`fewshot`). An exemplar's options are shuffled by the
+same rule as the items' (source order when the run keeps source order), so the exemplars' answers do
+not all sit at one letter and teach the model a position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from dcsjax.data.items import Item
+from dcsjax.errors import ConfigError
+from dcsjax.protocols import options
+
+FEWSHOT_PROTOCOLS = ("mcqa", "apx")
+FEWSHOT_SALT = 7919  # exemplar draws use their own stream, apart from the option shuffle of the same seed
+
+
+@dataclass(frozen=True)
+class Exemplars:
+    """Per item id, k solved items of the same task (options in their presented order)."""
+    pool: tuple[Item, ...]
+    k: int
+    seed: int = 0
+    order: str = options.DEFAULT_ORDER
+
+    def __post_init__(self) -> None:
+        if self.k < 0:
+            raise ConfigError(f"num_fewshot must be 0 or more, not {self.k}")
+        if self.k and len({i.id for i in self.pool}) <= self.k:
+            raise ConfigError(f"{self.k}-shot needs more than {self.k} distinct items in the task; it has "
+                              f"{len({i.id for i in self.pool})}")
+
+    def __call__(self, item_id: str) -> list[Item]:
+        if not self.k:
+            return []
+        key = int.from_bytes(hashlib.sha256(item_id.encode()).digest()[:8], "little")
+        others = [i for i in self.pool if i.id != item_id]
+        picks = np.random.default_rng([self.seed, FEWSHOT_SALT, key]).choice(len(others), self.k, replace=False)
+        chosen = [others[int(p)] for p in picks]
+        if self.order == "source":
+            return chosen
+        return [options.permute(ex, options.shuffled(ex.id, len(ex.choices), self.seed)) for ex in chosen]
+
+    def settings(self) -> dict:
+        return {"num_fewshot": self.k, "fewshot_seed": self.seed, "fewshot_from": "other items of the task"}
+
+
+def answer_text(item: Item) -> str:
+    """The exemplar's answer: its first correct option."""
+    return item.choices[item.correct[0]]
+
+
+def answer_letter(item: Item) -> str:
+    return item.letters[item.correct[0]]
+
+
+def check(protocols: Sequence[str], k: int) -> None:
+    if k and any(p not in FEWSHOT_PROTOCOLS for p in protocols):
+        raise ConfigError(f"few-shot applies to {' and '.join(FEWSHOT_PROTOCOLS)} (option likelihood and the prompted "
+                          f"letter), not to {', '.join(p for p in protocols if p not in FEWSHOT_PROTOCOLS)}: run "
+                          "those apart (--protocols mcqa,apx --num-fewshot k)")
