@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 SOURCE_TASKS = ("general_knowledge", "misconceptions", "hindu_knowledge", "logical_deduction_three_objects",
-                "logical_deduction_five_objects", "known_unknowns")
+                "known_unknowns")  # benchmark cards (BIG-bench)
 KEPT_TASKS = ("dcsjax_rolling", "dcsjax_gen")
 
 
@@ -37,11 +37,11 @@ def arc_task(folder: Path, n_items: int) -> str:
     """lm-eval's arc_easy.yaml, unchanged but for its data: BIG-bench items in ARC's schema."""
     import lm_eval
 
-    from dcsjax.data.bigbench import bigbench_items
+    from dcsjax.data.tasks import load_task, resolve_task
 
     rows = []
     for task in SOURCE_TASKS:
-        items, _ = bigbench_items(task)
+        items, _ = load_task(resolve_task(task))
         rows += [{"id": i.id, "question": i.question, "choices": {"text": list(i.choices),
                                                                   "label": [chr(65 + j) for j in range(len(i.choices))]},
                   "answerKey": chr(65 + i.correct[0])} for i in items]
@@ -81,7 +81,7 @@ def main() -> None:
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp())
     tasks = [arc_task(folder, args.items), *(() if args.arc_only else KEPT_TASKS)]
-    manager = TaskManager(include_path=f"{folder}:{ROOT / 'tests' / 'lm_eval_tasks'}")
+    manager = TaskManager(include_path=[str(folder), str(ROOT / 'tests' / 'lm_eval_tasks')])
     path = fetch_model(args.model)
     rows, metrics = [], {}
     builders = {"dcsjax": lambda: DcsjaxLM(pretrained=args.model),

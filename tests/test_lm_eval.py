@@ -157,3 +157,20 @@ def test_lm_eval_command_line_runs_the_dcsjax_backend(tmp_path, monkeypatch):
     python_run = _evaluate("dcsjax", "smollm2-135m-instruct", OWN_TASKS)
     assert written["results"]["dcsjax_mc"]["acc,none"] == python_run["results"]["dcsjax_mc"]["acc,none"]
     assert list(out.rglob("samples_dcsjax_mc_*.jsonl"))
+
+    # lm-eval's chat-template flag goes through the tokenizer's template
+    chat = tmp_path / "chat"
+    assert main(["lm-eval", "--model", "dcsjax", "--model_args", "pretrained=smollm2-135m-instruct",
+                 "--tasks", "dcsjax_gen", "--include_path", str(TASKS_DIR), "--limit", "2", "--apply_chat_template",
+                 "--output_path", str(chat), "--log_samples"]) == 0
+    (samples,) = chat.rglob("samples_dcsjax_gen_*.jsonl")
+    first = json.loads(samples.read_text().splitlines()[0])
+    assert first["arguments"]["gen_args_0"]["arg_0"].startswith("<|im_start|>")
+
+
+def test_unknown_model_args_are_named():
+    from dcsjax.errors import ConfigError
+    from dcsjax.harness import DcsjaxLM
+
+    with pytest.raises(ConfigError, match="no model_args \\['temprature'\\]"):
+        DcsjaxLM(pretrained="smollm2-135m-instruct", temprature=0.5)
