@@ -94,10 +94,11 @@ def greedy_generate(scorer, prompts: Sequence[Sequence[int]], max_new_tokens: in
 
 def generate(scorer, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
              top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
-             key_ids: Sequence[int] | None = None) -> list[list[int]]:
+             key_ids: Sequence[int] | None = None, stop_ids: Sequence[int] | None = None) -> list[list[int]]:
     """Continuations of token-id prompts, cut before the first end-of-sequence token; greedy at
     temperature 0, else sampled, prompt i with the key fold_in(key(seed), key_ids[i]) (default i):
-    reproducible whatever the batching."""
+    reproducible whatever the batching. stop_ids: the tokens that end a row (default: the tokenizer's EOS
+    and the chat templates' end-of-turn tokens; () decodes every row to max_new_tokens)."""
     if temperature < 0 or not 0 < top_p <= 1:
         raise InputError(f"temperature must be >= 0 and top_p in (0, 1]; got {temperature}, {top_p}")
     limit = scorer.max_length - max_new_tokens
@@ -108,7 +109,9 @@ def generate(scorer, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, t
             raise InputError(f"prompt {i} has {len(p)} tokens; with {max_new_tokens} new ones that exceeds "
                              f"the {scorer.max_length}-token limit of {scorer.name}")
     key_ids = list(range(len(prompts))) if key_ids is None else list(key_ids)
-    stops = {t for t in (scorer.tokenizer.eos_token_id, *_extra_stops(scorer.tokenizer)) if t is not None}
+    if stop_ids is None:
+        stop_ids = (scorer.tokenizer.eos_token_id, *_extra_stops(scorer.tokenizer))
+    stops = {t for t in stop_ids if t is not None}
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out: list[list[int] | None] = [None] * len(prompts)
     for s in range(0, len(order), batch_size):

@@ -36,3 +36,10 @@ def test_lm_eval_backends_script_quick(tmp_path):
     assert [r["backend"] for r in result["rows"]] == ["dcsjax", "hf"]
     assert all(r["first_run_s"] > 0 and r["loaded_run_s"] > 0 for r in result["rows"])
     assert result["metrics"]["dcsjax"] == result["metrics"]["hf"]  # the same accuracies from both backends
+
+
+def test_generation_script_quick(tmp_path):
+    result = run(["bench/generation.py", "--prompts", "8", "--batch", "8", "--quick"], tmp_path)
+    (row,) = result["rows"]
+    assert row["workload"] == "apx" and row["dcsjax_tokens_per_s"] > 0 and row["peer_tokens_per_s"] > 0
+    assert row["same_tokens"] == "8/8"  # greedy: the same tokens as transformers' generate
