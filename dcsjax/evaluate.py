@@ -20,7 +20,13 @@ from dcsjax.metrics.bootstrap import mean_ci
 from dcsjax.protocols import PROTOCOLS
 from dcsjax.protocols.options import DEFAULT_ORDER, ORDERS
 
-CHUNK = 32  # items per write: small enough to lose little on a kill, large enough to fill batches
+# Items per write: the first write holds CHUNK items, and each later one twice the one before, up to
+# MAX_CHUNK. A killed run loses at most one write; a whole benchmark pays for a part-filled last batch
+# (and a restarted pipeline) once per write, so few writes keep `dcsjax eval` at one engine call's speed
+# (bench/eval_end_to_end.py). The sizes depend only on the item count, so every process of a multi-process
+# run cuts the same writes.
+CHUNK = 32
+MAX_CHUNK = 512
 
 
 def bootstrap_ci(values: Sequence[float], n_boot: int = 1000, seed: int = 0) -> tuple[float | None, float | None]:
@@ -120,7 +126,7 @@ def check_arguments(protocols: Sequence[str], limit: int | None, threshold: floa
 
 def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output: Path, limit: int | None = None,
              threshold: float | None = None, batch_size: int = 16, progress: bool = True, scorer=None,
-             chunk: int = CHUNK, dtype: str = "float32", mesh=None, statements: str | Path | None = None,
+             chunk: int = CHUNK, max_chunk: int = MAX_CHUNK, dtype: str = "float32", mesh=None, statements: str | Path | None = None,
              replace_stale: bool = False, document_start: str | None = None, variant: str | None = None,
              option_order: str = DEFAULT_ORDER, seed: int = 0, idk_phrasings: Sequence[str] | None = None,
              skip_unavailable: bool = False, num_fewshot: int = 0, log_samples: bool = False) -> dict:
@@ -208,8 +214,8 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
                 start = time.perf_counter()
                 bar = _bar(progress and lead, len(items), len(items) - len(todo), f"{scorer.name} {card.name} {protocol}")
                 scoring_errors = []
-                for s in range(0, len(todo), chunk):
-                    part = todo[s:s + chunk]
+                for s, e in write_spans(len(todo), chunk, max_chunk):
+                    part = todo[s:e]
                     mine = score_items(protocol, ctx, distributed.my_share(part), option_order, seed)
                     gathered = distributed.gather_in_order(mine, len(part))
                     failed = [{"where": r["id"], "error": r["error"]} for r in gathered if "error" in r]
@@ -236,6 +242,15 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
             writer.update_summary(rows, run)
     # this run's rows, in its order (summary.json also keeps the rows of earlier runs of other tasks)
     return distributed.from_rank0({"rows": rows, "skipped": skipped})
+
+
+def write_spans(n: int, first: int = CHUNK, largest: int = MAX_CHUNK) -> list[tuple[int, int]]:
+    """[start, end) of each write over n items: first, then doubling up to largest."""
+    spans, start, size = [], 0, max(1, first)
+    while start < n:
+        spans.append((start, min(n, start + size)))
+        start, size = start + size, min(max(largest, first), size * 2)
+    return spans
 
 
 def summary_row(model: str, task: str, protocol: str, records: list[dict], errors: int, lc: float, lw: float,

@@ -43,3 +43,9 @@ def test_generation_script_quick(tmp_path):
     (row,) = result["rows"]
     assert row["workload"] == "apx" and row["dcsjax_tokens_per_s"] > 0 and row["peer_tokens_per_s"] > 0
     assert row["same_tokens"] == "8/8"  # greedy: the same tokens as transformers' generate
+
+
+def test_eval_end_to_end_script_quick(tmp_path):
+    result = run(["bench/eval_end_to_end.py", "--task", "general_knowledge", "--items", "12"], tmp_path)
+    assert result["same_answers"] and result["engine_s"] > 0 and result["eval_s"] > 0
+    assert sum(result["writes"]) == 12

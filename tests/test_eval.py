@@ -52,7 +52,7 @@ def test_eval_writes_records_summary_and_table(tmp_path):
 def whole_run(tmp_path_factory):
     whole = tmp_path_factory.mktemp("whole")
     run_eval("smollm2-135m-instruct", [TASK], PROTOCOLS, whole, limit=LIMIT,
-             scorer=scorer_for("smollm2-135m-instruct"), progress=False, chunk=4)
+             scorer=scorer_for("smollm2-135m-instruct"), progress=False, chunk=4, max_chunk=4)
     return whole
 
 
@@ -62,7 +62,7 @@ def test_resume_after_sigkill_gives_identical_files(tmp_path, whole_run, protoco
     and started again writes byte-identical records, fingerprints included."""
     broken = tmp_path / "broken"
     code = (f"from dcsjax.evaluate import run_eval; run_eval('smollm2-135m-instruct', [{TASK!r}], {PROTOCOLS!r}, "
-            f"{str(broken)!r}, limit={LIMIT}, progress=False, chunk=4)")
+            f"{str(broken)!r}, limit={LIMIT}, progress=False, chunk=4, max_chunk=4)")
     proc = subprocess.Popen([sys.executable, "-c", code], env=os.environ.copy())
     target = broken / "smollm2-135m-instruct" / "known_unknowns" / f"{protocol}.jsonl"
     deadline = time.time() + 600
@@ -76,7 +76,7 @@ def test_resume_after_sigkill_gives_identical_files(tmp_path, whole_run, protoco
         f.write(b'{"id": "known_unknowns/9')
     with pytest.warns(UserWarning, match="cut short"):
         run_eval("smollm2-135m-instruct", [TASK], PROTOCOLS, broken, limit=LIMIT,
-                 scorer=scorer_for("smollm2-135m-instruct"), progress=False, chunk=4)
+                 scorer=scorer_for("smollm2-135m-instruct"), progress=False, chunk=4, max_chunk=4)
     assert files(broken) == files(whole_run)
     assert all(len(read_records(broken / "smollm2-135m-instruct" / TASK / f"{p}.jsonl")) == LIMIT for p in PROTOCOLS)
 

@@ -1,0 +1,68 @@
+"""`dcsjax eval` on a whole benchmark against the same items in one engine call, same run: what the
+resumable writer (records written in growing chunks, `evaluate.write_spans`) costs over the engine alone.
+
+    python bench/eval_end_to_end.py                       # MCQA-LL on 320 timedial items, SmolLM2
+    python bench/eval_end_to_end.py --task general_knowledge --protocol apx --items 256
+
+Both sides score the same items with the same protocol, option order and scorer (compiles done first, on
+the same shapes, by an untimed pass of the engine); `eval` includes reading the task, fingerprints,
+writing the records and the summary. Writes bench/results/eval-end-to-end-<time>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def main() -> None:
+    import dcsjax
+    from dcsjax import protocols
+    from dcsjax.data.tasks import load_task, resolve_task
+    from dcsjax.evaluate import CHUNK, MAX_CHUNK, read_records, run_eval, write_spans
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--task", default="timedial")
+    parser.add_argument("--protocol", default="mcqa")
+    parser.add_argument("--items", type=int, default=320)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = parser.parse_args()
+    scorer = dcsjax.load(args.model)
+    card = resolve_task(args.task)
+    items = load_task(card)[0][:args.items]
+    ctx = protocols.Context(scorer, card)
+    protocol = protocols.get(args.protocol)
+    protocols.score(protocol, ctx, items, "shuffle", 0)  # compiles every shape the engine call needs
+    start = time.perf_counter()
+    engine = protocols.score(protocol, ctx, items, "shuffle", 0)
+    engine_s = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        run_eval(args.model, [args.task], [args.protocol], Path(out), limit=args.items, scorer=scorer,
+                 progress=False)
+        eval_s = time.perf_counter() - start
+        written = read_records(Path(out) / scorer.name / card.slug / f"{args.protocol}.jsonl")
+    same = all(w["choice"] == e["choice"] for w, e in zip(written, engine)) and len(written) == len(engine)
+    record = {"model": args.model, "task": args.task, "protocol": args.protocol, "items": len(items),
+              "engine_s": round(engine_s, 2), "eval_s": round(eval_s, 2), "eval_over_engine": round(eval_s / engine_s, 3),
+              "writes": [e - s for s, e in write_spans(len(items), CHUNK, MAX_CHUNK)], "same_answers": same,
+              "cores": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    print(record)
+    path = Path(args.out) / f"eval-end-to-end-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
+    print(f"dcsjax eval / one engine call: {record['eval_over_engine']}x ({eval_s:.1f} s against {engine_s:.1f} s, "
+          f"{len(items)} items, writes of {record['writes']}); wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
