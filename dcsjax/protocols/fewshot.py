@@ -53,15 +53,6 @@ class Exemplars:
         return {"num_fewshot": self.k, "fewshot_seed": self.seed, "fewshot_from": "other items of the task"}
 
 
-def answer_text(item: Item) -> str:
-    """The exemplar's answer: its first correct option."""
-    return item.choices[item.correct[0]]
-
-
-def answer_letter(item: Item) -> str:
-    return item.letters[item.correct[0]]
-
-
 def check(protocols: Sequence[str], k: int) -> None:
     if k and any(p not in FEWSHOT_PROTOCOLS for p in protocols):
         raise ConfigError(f"few-shot applies to {' and '.join(FEWSHOT_PROTOCOLS)} (option likelihood and the prompted "
