@@ -17,6 +17,7 @@ model's document-start token instead; that is not lm-eval's convention, so it is
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -60,16 +61,16 @@ class DcsjaxLM(TemplateLM):
         from dcsjax.scorer import Scorer
 
         options = {} if rows_per_batch is None else {"batch_size": int(rows_per_batch)}
+        # lm-eval's own progress bars stand for the requests, so the scorer shows none; a Scorer passed in is
+        # copied (same model and parameters), not changed under its owner
         if isinstance(pretrained, Scorer):
-            self.scorer = pretrained
-            for key, value in options.items():
-                setattr(self.scorer, key, value)
+            self.scorer = dataclasses.replace(pretrained, progress=False, **options)
         else:
             import dcsjax
 
             self.scorer = dcsjax.load(str(pretrained), dtype=dtype, mesh=mesh, document_start=document_start,
                                       variant=variant, **options)
-        self.scorer.progress = False  # lm-eval's own progress bars stand for the requests
+            self.scorer.progress = False
         self.tokenizer = self.scorer.tokenizer
         self.pretrained = self.scorer.name
         limit = self.scorer.max_length - 1
