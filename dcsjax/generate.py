@@ -20,7 +20,7 @@ from flax import nnx
 
 from dcsjax.errors import InputError
 from dcsjax.kernels.packing import bucket_for
-from dcsjax.nn.decoder import softcap
+from dcsjax.nn.attention import softcap
 
 
 def sample_token(logits: jax.Array, key: jax.Array, temperature: float, top_p: float) -> jax.Array:

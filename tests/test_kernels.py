@@ -28,6 +28,22 @@ def test_chunked_kernel_matches_float64_on_random_data(vocab, chunk):
     np.testing.assert_allclose(ours, float64_logprobs(hidden, out_embed, targets), atol=2e-5)
 
 
+def test_long_rows_are_taken_a_block_of_tokens_at_a_time(monkeypatch):
+    """Rows longer than TOKEN_BLOCK go through the vocabulary one block of tokens at a time (the memory of a
+    32k-token row: tests/test_attention.py); every token's log-prob is the one computed unsplit."""
+    from dcsjax.kernels import logprobs
+
+    rng = np.random.default_rng(1)
+    hidden = rng.standard_normal((2, 64, 16)).astype(np.float32) * 3
+    out_embed = rng.standard_normal((500, 16)).astype(np.float32)
+    targets = rng.integers(0, 500, (2, 64))
+    whole = np.asarray(token_logprobs(jnp.asarray(hidden), jnp.asarray(out_embed), jnp.asarray(targets), 128))
+    monkeypatch.setattr(logprobs, "TOKEN_BLOCK", 16)
+    split = np.asarray(token_logprobs(jnp.asarray(hidden), jnp.asarray(out_embed), jnp.asarray(targets), 128))
+    np.testing.assert_allclose(split, whole, atol=1e-6)
+    np.testing.assert_allclose(split, float64_logprobs(hidden, out_embed, targets), atol=2e-5)
+
+
 def test_kernel_is_float32_from_bfloat16_weights_and_differentiable():
     rng = np.random.default_rng(0)
     hidden = jnp.asarray(rng.standard_normal((2, 3, 8)), jnp.bfloat16)

@@ -2,7 +2,9 @@
 
 log p(y | h) = <h, W[y]> - logsumexp_v <h, W[v]> for the output matrix W [V, D]. Both terms are taken
 over vocabulary chunks under `lax.scan` (running max, running sum, target logit), so the largest live
-logits block is [B, T, chunk]. Everything here is float32 whatever the parameter dtype.
+logits block is [B, T, chunk]; rows longer than TOKEN_BLOCK are also taken TOKEN_BLOCK tokens at a time, so
+it stays [B, TOKEN_BLOCK, chunk] (a 32k-token row: 128 MiB instead of 1 GiB per chunk). Everything here is
+float32 whatever the parameter dtype.
 """
 
 from __future__ import annotations
@@ -10,9 +12,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from dcsjax.nn.decoder import row_sum, softcap
+from dcsjax.nn.attention import softcap
+from dcsjax.nn.decoder import row_sum
 
 F32 = jnp.float32
+# Tokens of a row per pass over the vocabulary. Only rows longer than this are split, and those hold one
+# sequence each whose row length follows from its own length (`dcsjax.nn.attention`), so no score changes
+# with what shares its batch.
+TOKEN_BLOCK = 4096
 
 
 def token_logprobs(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, chunk: int = 8192,
@@ -41,6 +48,12 @@ def vocab_scan(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, firs
     """Over the rows first_id .. first_id + len(out_embed) of the vocabulary: [B, T] running max, sum of
     exp(logit - max), and the target's logit (0 where the target lies outside these rows). Rows at or past
     `vocab_size` (padding) are masked."""
+    b, t = targets.shape
+    if t > TOKEN_BLOCK and t % TOKEN_BLOCK == 0:  # a long row: one block of its tokens at a time
+        blocks = lambda x: jnp.moveaxis(x.reshape(b, t // TOKEN_BLOCK, TOKEN_BLOCK, *x.shape[2:]), 1, 0)  # noqa: E731
+        out = jax.lax.map(lambda xs: vocab_scan(xs[0], out_embed, xs[1], first_id, vocab_size, chunk, cap),
+                          (blocks(hidden), blocks(targets)))
+        return tuple(jnp.moveaxis(x, 0, 1).reshape(b, t) for x in out)
     rows, d = out_embed.shape
     chunk = min(chunk, rows)
     n_chunks = -(-rows // chunk)

@@ -25,11 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from dcsjax.nn.attention import NO_WINDOW, MaskParts, blockwise_attention, dense_attention, takes_blockwise
 from dcsjax.nn.config import DecoderConfig
 
 F32 = jnp.float32
 ROUTE_CHUNK = 64  # tokens routed together; rows are multiples of 64 tokens (packing.BUCKET_MULTIPLE)
-MASKED = -1e30  # finite, so a fully masked (padding) row softmaxes to uniform instead of NaN
 
 # Per-layer parameters: name -> (shape given the config, logical axes). The leading `layers` axis is added.
 def layer_param_shapes(c: DecoderConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
@@ -105,17 +105,19 @@ class Decoder(nnx.Module):
         return (self.embed if self.config.tie_embeddings else self.unembed)[...]
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,
-                 attend_to: jax.Array | None = None, *, remat: bool = False, return_kv: bool = False):
+                 attend_to: jax.Array | None = None, *, remat: bool = False, return_kv: bool = False,
+                 blockwise: bool | None = None):
         """Final hidden states [B, T, D] of rows of tokens [B, T].
 
         positions [B, T]: RoPE positions. segment_ids [B, T]: 0 is padding; a token attends to earlier
         tokens of its own segment and, if `attend_to` [B, T] names one, of that segment too (a shared
         question that several option segments continue). With return_kv, also every layer's keys and
-        values [L, B, T, N, K] (a prefill for `decode_step`).
+        values [L, B, T, N, K] (a prefill for `decode_step`). blockwise: the attention path (`attention_masks`;
+        by default from the row length).
         """
         c = self.config
         x, kv = run_blocks(c, self.layers.arrays(), layer_flags(c), self.embed_tokens(tokens),
-                           positions, segment_ids, attend_to, remat=remat, return_kv=return_kv)
+                           positions, segment_ids, attend_to, remat=remat, return_kv=return_kv, blockwise=blockwise)
         hidden = self.final(x)
         return (hidden, kv) if return_kv else hidden
 
@@ -161,10 +163,10 @@ class Decoder(nnx.Module):
 
 def run_blocks(c: DecoderConfig, params: dict[str, jax.Array], flags: "LayerFlags", x: jax.Array,
                positions: jax.Array, segment_ids: jax.Array, attend_to: jax.Array | None = None, *,
-               remat: bool = False, return_kv: bool = False):
+               remat: bool = False, return_kv: bool = False, blockwise: bool | None = None):
     """x [B, T, D] through the blocks whose parameters are stacked in `params` (leading axis: those layers;
     `flags` says which of them are sliding-window and which use RoPE) -> (x [B, T, D], keys and values or None)."""
-    masks = attention_masks(c, positions, segment_ids, attend_to)
+    masks = attention_masks(c, positions, segment_ids, attend_to, blockwise=blockwise)
     ropes = rope_tables(c, positions)
 
     def block(x, layer):
@@ -203,11 +205,21 @@ class RopeTables(NamedTuple):
 
 
 class Masks(NamedTuple):
+    """The dense path's masks, built once per forward pass and picked per layer."""
     glob: jax.Array  # [B, T, S] bool
     local: jax.Array  # [B, T, S] bool
 
     def pick(self, flags: LayerFlags) -> jax.Array:
         return jnp.where(flags.local, self.local, self.glob)
+
+
+class TiledMasks(NamedTuple):
+    """The blockwise path's masks: the parts each tile's mask is built from, and the local layers' window."""
+    parts: MaskParts
+    sliding_window: int
+
+    def pick(self, flags: LayerFlags) -> MaskParts:
+        return self.parts._replace(window=jnp.where(flags.local, self.sliding_window, NO_WINDOW))
 
 
 def inverse_frequencies(head_dim: int, base: float, llama3: tuple | None = None) -> np.ndarray:
@@ -240,8 +252,17 @@ def rope_tables(c: DecoderConfig, positions: jax.Array) -> RopeTables:
     return RopeTables(glob, local)
 
 
-def attention_masks(c: DecoderConfig, positions, segment_ids, attend_to=None) -> Masks:
+def attention_masks(c: DecoderConfig, positions, segment_ids, attend_to=None, *,
+                    blockwise: bool | None = None) -> Masks | TiledMasks:
+    """The masks of rows [B, T] for every layer kind. blockwise: tiles for `blockwise_attention` instead
+    of [B, T, S] arrays; by default for rows of `attention.BLOCKWISE_FROM` tokens or more."""
     t = segment_ids.shape[1]
+    if blockwise is None:
+        blockwise = takes_blockwise(t)
+    if blockwise:
+        to = jnp.zeros_like(segment_ids) if attend_to is None else attend_to
+        return TiledMasks(MaskParts(segment_ids, segment_ids, to, positions, positions),
+                          c.sliding_window or NO_WINDOW)
     idx = jnp.arange(t)
     causal = idx[None, :, None] >= idx[None, None, :]  # [1, T, S]
     seg_q, seg_k = segment_ids[:, :, None], segment_ids[:, None, :]
@@ -286,11 +307,6 @@ def normalize(c: DecoderConfig, x: jax.Array, w: jax.Array, b: jax.Array | None 
     return (y * (c.norm_offset + w.astype(F32)) + b.astype(F32)).astype(x.dtype)
 
 
-def softcap(x: jax.Array, cap: float | None) -> jax.Array:
-    """cap * tanh(x / cap) (Gemma 2's scores and logits); x itself without a cap."""
-    return x if cap is None else jnp.tanh(x / cap) * cap
-
-
 def qk_norm(c: DecoderConfig, x: jax.Array, w: jax.Array) -> jax.Array:
     """x [B, T, heads, K]: RMSNorm per head (Gemma 3, Qwen3) or over the whole projection (OLMo-2, w [heads, K])."""
     if c.qk_norm == "head":
@@ -320,8 +336,9 @@ def project_kv(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope) -> tuple[jax
     return apply_rope(k, rope), v
 
 
-def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, cache=None):
-    """-> (output [B, T, D], (keys, values) [B, S, N, K]). With a cache (k, v [B, S, N, K], write [B, S, 1, 1]),
+def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array | MaskParts, cache=None):
+    """-> (output [B, T, D], (keys, values) [B, S, N, K]). mask: [B, T, S] bool (the dense path) or the
+    parts of a long row's mask (the blockwise path; `dcsjax.nn.attention`). With a cache (k, v [B, S, N, K], write [B, S, 1, 1]),
     the new keys and values are written into their slots and the queries attend over the whole cache."""
     b, t, _ = x.shape
     n, g = c.num_kv_heads, c.num_heads // c.num_kv_heads
@@ -336,17 +353,11 @@ def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Arr
         k_cache, v_cache, write = cache
         k, v = jnp.where(write, k, k_cache), jnp.where(write, v, v_cache)
     q = q.reshape(b, t, n, g, c.head_dim)  # [B, T, N, G, K]
-    scores = softcap(jnp.einsum("btngk,bsnk->bngts", q, k, preferred_element_type=F32) * c.attn_scale, c.attn_softcap)
-    scores = jnp.where(mask[:, None, None], scores, MASKED)  # [B, N, G, T, S]
-    unnormed = jnp.exp(scores - scores.max(axis=-1, keepdims=True))  # a max is exact in any order
-    # The softmax's denominator comes out of the same matmul as the weighted values, from a column of ones
-    # appended to V, and is divided out afterwards. A float32 matmul sums over keys in the same order
-    # wherever a sequence sits in its row, where a separate sum (a dot with ones) groups the keys by their
-    # column, so a packed sequence's scores would depend on its offset. Float32 for bfloat16 weights too:
-    # the bfloat16 kernel adds keys in pairs (AVX-512 BF16), which again depends on the offset.
-    v1 = jnp.concatenate([v.astype(F32), jnp.ones((*v.shape[:-1], 1), F32)], axis=-1)  # [B, S, N, K + 1]
-    summed = jnp.einsum("bngts,bsnk->btngk", unnormed, v1, preferred_element_type=F32)
-    out = (summed[..., :-1] / summed[..., -1:]).astype(v.dtype).reshape(b, t, c.num_heads, c.head_dim)
+    if isinstance(mask, MaskParts):
+        out = blockwise_attention(q, k, v, mask, c.attn_scale, c.attn_softcap)
+    else:
+        out = dense_attention(q, k, v, mask, c.attn_scale, c.attn_softcap)
+    out = out.astype(v.dtype).reshape(b, t, c.num_heads, c.head_dim)
     return dense("bthk,hkd->btd", out, p["o"]), (k, v)
 
 

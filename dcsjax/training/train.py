@@ -42,8 +42,9 @@ from jax.sharding import PartitionSpec as P
 from dcsjax.errors import ConfigError
 from dcsjax.kernels.dcs import dcs, option_masses
 from dcsjax.metrics.calibration import ABSTENTION_METRICS, Distributions
+from dcsjax.nn.attention import softcap
 from dcsjax.nn.decoder import (
-    attention_masks, layer_flags, layer_param_shapes, normalize, readout_block, rope_tables, run_blocks, softcap,
+    attention_masks, layer_flags, layer_param_shapes, normalize, readout_block, rope_tables, run_blocks,
 )
 from dcsjax.sharding import make_mesh
 from dcsjax.training.features import LetterFeatures
@@ -145,7 +146,8 @@ def letter_logits(c, params: dict, output_embedding: jax.Array, hidden: jax.Arra
     below = jax.tree.map(lambda a: a[:-1], params["layers"])  # every trained block but the last runs whole
     x, _ = run_blocks(c, below, layer_flags(c, c.num_layers - top, -1), hidden, positions, segments)
     # the last block is read at the prompt's last token only
-    masks, ropes = attention_masks(c, positions, segments), rope_tables(c, positions)
+    # dense masks: the readout block picks the last query's row of them (training prompts are short)
+    masks, ropes = attention_masks(c, positions, segments, blockwise=False), rope_tables(c, positions)
     flags = jax.tree.map(lambda a: a[-1], layer_flags(c))
     last = readout_block(c, jax.tree.map(lambda a: a[-1], params["layers"]), x, ropes.pick(flags), masks.pick(flags),
                          length - 1)  # [B, D]
