@@ -1,10 +1,11 @@
-"""Throughput on an accelerator: a 1B-class Llama-architecture decoder (Llama 3.2 1B's shapes) with bfloat16
-weights, scored through the engine's own packed, bucketed pipeline, against the card's bfloat16 matmul
-rate measured in the same run. Random weights: a throughput figure only (speed does not depend on the
-values). Finishes in well under 5 minutes on an H200-class GPU.
+"""Throughput on an accelerator: 1B-class decoders (Llama 3.2 1B's and Gemma 3 1B's shapes) with bfloat16
+weights (float32 log-probs), scored through the engine's own packed, bucketed pipeline, against the card's
+bfloat16 matmul rate measured in the same run; long rows (the blockwise attention path; each row names the
+path it took) and greedy generation tokens/s. Random weights: a throughput figure only (speed does not
+depend on the values). Meant to finish in under 5 minutes on an H200-class GPU.
 
     python bench/gpu_llama1b.py            # on the accelerator
-    python bench/gpu_llama1b.py --small    # a tiny config, to check the script on a CPU
+    python bench/gpu_llama1b.py --small    # tiny configs, to check the script on a CPU
 
 Prints a table and writes bench/results/gpu-llama1b-<time>.json.
 """
@@ -21,7 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dcsjax.nn.config import DecoderConfig
+from dcsjax.generate import generate
+from dcsjax.nn.attention import takes_blockwise
+from dcsjax.nn.config import GEMMA_TRAITS, DecoderConfig
 from dcsjax.nn.decoder import Decoder
 from dcsjax.scorer import Scorer
 from peak import matmul_rate  # bench/peak.py, beside this script
@@ -29,8 +32,17 @@ from peak import matmul_rate  # bench/peak.py, beside this script
 LLAMA_1B = DecoderConfig(architecture="llama", vocab_size=128256, hidden_size=2048, num_layers=16, num_heads=32,
                          num_kv_heads=8, head_dim=64, mlp_size=8192, rms_eps=1e-5, rope_base=500000.0,
                          max_context=8192, tie_embeddings=True)
+GEMMA3_1B = DecoderConfig(architecture="gemma3", vocab_size=262144, hidden_size=1152, num_layers=26, num_heads=4,
+                          num_kv_heads=1, head_dim=256, mlp_size=6912, rms_eps=1e-6, rope_base=1_000_000.0,
+                          max_context=32768, sliding_window=512, local_rope_base=10_000.0,
+                          layer_is_local=tuple((i + 1) % 6 != 0 for i in range(26)), query_pre_attn_scalar=256.0,
+                          embed_scale=1152 ** 0.5, qk_norm="head", norms="pre+post", **GEMMA_TRAITS)
 SMALL = DecoderConfig(architecture="llama", vocab_size=4096, hidden_size=128, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=32, mlp_size=256, rms_eps=1e-5, rope_base=10000.0, max_context=1024)
+                      num_kv_heads=2, head_dim=32, mlp_size=256, rms_eps=1e-5, rope_base=10000.0, max_context=2048)
+SMALL_GEMMA = DecoderConfig(architecture="gemma3", vocab_size=4096, hidden_size=128, num_layers=2, num_heads=2,
+                            num_kv_heads=1, head_dim=64, mlp_size=256, rms_eps=1e-6, rope_base=10000.0,
+                            max_context=2048, sliding_window=128, local_rope_base=10000.0,
+                            layer_is_local=(True, False), qk_norm="head", norms="pre+post", **GEMMA_TRAITS)
 
 
 def main(argv=None) -> None:
@@ -38,42 +50,59 @@ def main(argv=None) -> None:
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args(argv)
-    config = SMALL if args.small else LLAMA_1B
     device = jax.devices()[0]
     peak = (matmul_rate((512,), jnp.bfloat16, 2e9) if args.small else matmul_rate((8192,), jnp.bfloat16, 2e13)) / 1e12
     print(f"{device.device_kind}: bf16 matmul {peak:.1f} TFLOP/s measured", flush=True)
 
-    model = Decoder(config, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    models = {"llama-3.2-1b shapes": SMALL if args.small else LLAMA_1B,
+              "gemma-3-1b shapes": SMALL_GEMMA if args.small else GEMMA3_1B}
     rows = []
     rng = np.random.default_rng(0)
+    # (name, shortest, longest, texts, rows per batch)
     workloads = [("statements 8-40", 8, 40, 4096, 64), ("passages 100-250", 100, 250, 2048, 64),
-                 ("long 700-1000", 700, 1000, 512, 16)]
+                 ("long 700-1000", 700, 1000, 512, 16), ("long 3000-4000", 3000, 4000, 64, 4)]
     if args.small:
-        workloads = [(name, min(lo, 150), min(hi, 200), 64, 8) for name, lo, hi, _, _ in workloads]
-    for name, lo, hi, n_texts, batch_size in workloads:
-        ids = [list(rng.integers(1, config.vocab_size, rng.integers(lo, hi + 1))) for _ in range(n_texts)]
-        scorer = Scorer(model, tokenizer=None, document_start_id=0, name="llama-1b-random", batch_size=batch_size,
-                        max_batch_tokens=None if not args.small else 16384)
-        before = Scorer.compile_count()
-        scorer.logprobs_of_ids(ids)  # compiles
-        compiles = Scorer.compile_count() - before
+        workloads = [(name, min(lo, 1100), min(hi, 1200), 8, 4) for name, lo, hi, _, _ in workloads]
+    for model_name, config in models.items():
+        model = Decoder(config, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+        for name, lo, hi, n_texts, batch_size in workloads:
+            ids = [list(rng.integers(1, config.vocab_size, rng.integers(lo, hi + 1))) for _ in range(n_texts)]
+            scorer = Scorer(model, tokenizer=None, document_start_id=0, name=model_name, batch_size=batch_size,
+                            max_batch_tokens=None if not args.small else 16384)
+            before = Scorer.compile_count()
+            scorer.logprobs_of_ids(ids)  # compiles
+            compiles = Scorer.compile_count() - before
+            start = time.perf_counter()
+            lps = scorer.logprobs_of_ids(ids)
+            seconds = time.perf_counter() - start
+            tokens = sum(len(x) for x in lps)
+            context = float(np.mean([(len(x) + 2) / 2 for x in ids]))
+            rate = tokens / seconds
+            mfu = config.flops_per_token(context) * rate / (peak * 1e12)
+            paths = sorted({"blockwise" if takes_blockwise(b) else "dense" for b, _, _ in scorer.plan([len(x) + 1 for x in ids])})
+            rows.append({"model": model_name, "workload": name, "texts": n_texts, "batch_size": batch_size,
+                         "tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(rate),
+                         "mfu": round(mfu, 3), "compiles": compiles, "attention": "+".join(paths)})
+            print(f"  {model_name:20s} {name:18s} {n_texts:5d} texts  batch {batch_size:3d}  {rate:10.0f} tok/s  "
+                  f"MFU {mfu:.1%}  {'+'.join(paths):9s} ({compiles} compiles)", flush=True)
+        # greedy decoding, fixed budget: prompts of 100-200 tokens, 64 new tokens each (no early stop)
+        scorer = Scorer(model, tokenizer=None, document_start_id=0, name=model_name)
+        n_prompts, batch, new = (8, 8, 8) if args.small else (256, 64, 64)
+        prompts = [list(rng.integers(1, config.vocab_size, rng.integers(100, 201))) for _ in range(n_prompts)]
+        generate(scorer, prompts[:batch], new, batch_size=batch, stop_ids=())  # compiles
         start = time.perf_counter()
-        lps = scorer.logprobs_of_ids(ids)
+        out = generate(scorer, prompts, new, batch_size=batch, stop_ids=())
         seconds = time.perf_counter() - start
-        tokens = sum(len(x) for x in lps)
-        context = float(np.mean([(len(x) + 2) / 2 for x in ids]))
-        rate = tokens / seconds
-        mfu = config.flops_per_token(context) * rate / (peak * 1e12)
-        rows.append({"workload": name, "texts": n_texts, "batch_size": batch_size, "tokens": tokens,
-                     "seconds": round(seconds, 3), "tokens_per_s": round(rate), "mfu": round(mfu, 3),
-                     "compiles": compiles})
-        print(f"  {name:18s} {n_texts:5d} texts  batch {batch_size:3d}  {rate:10.0f} tok/s  MFU {mfu:.1%}  "
-              f"({compiles} compiles)", flush=True)
+        rate = sum(len(x) for x in out) / seconds
+        rows.append({"model": model_name, "workload": f"generation: {n_prompts} prompts, {new} new tokens",
+                     "batch_size": batch, "seconds": round(seconds, 3), "generated_tokens_per_s": round(rate)})
+        print(f"  {model_name:20s} generation {n_prompts} prompts x {new} new tokens, batch {batch}: "
+              f"{rate:8.0f} generated tok/s", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"gpu-llama1b-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps({"device": device.device_kind, "bf16_matmul_tflops": peak,
-                                "config": "small" if args.small else "llama-3.2-1b shapes", "rows": rows}, indent=1))
+                                "config": "small" if args.small else "1B shapes", "rows": rows}, indent=1))
     print(path)
 
 

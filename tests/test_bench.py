@@ -28,7 +28,10 @@ def test_throughput_script_quick(tmp_path):
 
 def test_gpu_script_small_config_on_cpu(tmp_path):
     result = run(["bench/gpu_llama1b.py", "--small"], tmp_path)
-    assert len(result["rows"]) == 3 and all(r["tokens_per_s"] > 0 for r in result["rows"])
+    scoring = [r for r in result["rows"] if "tokens_per_s" in r]
+    assert len(scoring) == 8 and all(r["tokens_per_s"] > 0 for r in scoring)
+    assert {r["attention"] for r in scoring} == {"dense", "blockwise"}  # long rows take the blockwise path
+    assert [r["generated_tokens_per_s"] > 0 for r in result["rows"] if "generation" in r["workload"]] == [True] * 2
 
 
 def test_lm_eval_backends_script_quick(tmp_path):
@@ -49,3 +52,10 @@ def test_eval_end_to_end_script_quick(tmp_path):
     result = run(["bench/eval_end_to_end.py", "--task", "general_knowledge", "--items", "12"], tmp_path)
     assert result["same_answers"] and result["engine_s"] > 0 and result["eval_s"] > 0
     assert sum(result["writes"]) == 12
+
+
+def test_passages_script_quick(tmp_path):
+    result = run(["bench/passages.py", "--quick"], tmp_path)
+    (row,) = result["rows"]
+    assert row["blockwise"]["tokens_per_s"] > 0 and row["dense"]["tokens_per_s"] > 0
+    assert row["max_gap_blockwise_dense"] < 1e-4 and row["max_gap_blockwise_peer"] < 1e-4

@@ -19,9 +19,9 @@ Two paths compute the same thing, softmax(q k^T * scale, capped, masked) v, for 
 or more go blockwise. With the default buckets those rows hold one sequence (or shared-question group)
 each, at offset 0 (`packing.plan_batches` puts a group in the smallest bucket that holds it, and two groups
 of over 512 tokens never share a row of 1024), and a text's row length follows from its own length, so no
-score depends on what else is packed or batched with it (`tests/test_attention.py` checks the bits). Below
-one tile's length the two paths are the same arithmetic, which is why the dense path keeps the short,
-packed rows. The same code serves every backend (XLA compiles the tiles' matmuls for GPU and TPU too);
+score depends on what else is packed or batched with it (`tests/test_attention.py` checks the bits).
+Shorter rows keep the dense path: they pack sequences at any offset, where tile boundaries would make a
+score depend on its offset, and a row of one tile gains nothing from tiling. The same code serves every backend (XLA compiles the tiles' matmuls for GPU and TPU too);
 Pallas kernels for GPU/TPU are not written yet.
 """
 
