@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -85,6 +86,24 @@ def main(argv=None) -> None:
                          "mfu": round(mfu, 3), "compiles": compiles, "attention": "+".join(paths)})
             print(f"  {model_name:20s} {name:18s} {n_texts:5d} texts  batch {batch_size:3d}  {rate:10.0f} tok/s  "
                   f"MFU {mfu:.1%}  {'+'.join(paths):9s} ({compiles} compiles)", flush=True)
+            if "blockwise" in paths and jax.default_backend() == "gpu":  # the same rows through the Pallas kernel
+                os.environ["DCSJAX_LONG_ROWS"] = "pallas"
+                jax.clear_caches()
+                try:
+                    scorer.logprobs_of_ids(ids)
+                    start = time.perf_counter()
+                    pallas_lps = scorer.logprobs_of_ids(ids)
+                    seconds = time.perf_counter() - start
+                    gap = float(max(np.abs(a - b).max() for a, b in zip(lps, pallas_lps)))
+                    rows[-1]["pallas"] = {"tokens_per_s": round(tokens / seconds), "max_gap_to_blockwise": gap}
+                    print(f"  {'':20s} {'  the same, Pallas':18s} {tokens / seconds:38.0f} tok/s  gap {gap:.1e}",
+                          flush=True)
+                except Exception as error:  # never run on a GPU before: report, keep the rest of the run
+                    rows[-1]["pallas"] = {"error": f"{type(error).__name__}: {str(error)[:500]}"}
+                    print(f"  Pallas kernel failed: {rows[-1]['pallas']['error']}", flush=True)
+                finally:
+                    os.environ.pop("DCSJAX_LONG_ROWS")
+                    jax.clear_caches()
         # greedy decoding, fixed budget: prompts of 100-200 tokens, 64 new tokens each (no early stop)
         scorer = Scorer(model, tokenizer=None, document_start_id=0, name=model_name)
         n_prompts, batch, new = (8, 8, 8) if args.small else (256, 64, 64)

@@ -1,4 +1,4 @@
-"""Blockwise attention against the dense path, on packed rows with shared questions, sliding windows and
+"""Blockwise attention (and its Pallas kernel, in interpret mode) against the dense path, on packed rows with shared questions, sliding windows and
 soft-capped scores; the tiles it skips; the memory of a 32k-token Gemma 3 row; invariance of long rows.
 (Whole-model agreement of the two paths with transformers on a real 1024-token row: test_parity.py.)"""
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dcsjax.nn.attention import NO_WINDOW, MaskParts, blockwise_attention, dense_attention
+from dcsjax.nn.attention import NO_WINDOW, MaskParts, blockwise_attention, dense_attention, pallas_attention
 
 
 def packed_rows(t: int, layouts: list[list[tuple[int, bool]]]) -> MaskParts:
@@ -53,6 +53,20 @@ def test_blockwise_attention_equals_the_dense_path(window, cap):
         tiled = blockwise_attention(q, keys, values, parts, 0.25, cap, block=block)
         gap = float(jnp.abs(tiled - dense)[real].max())
         assert gap < 1e-5, (block, gap)
+    # the Pallas kernel (the GPU path), in Pallas' interpret mode
+    kernel = pallas_attention(q, keys, values, parts, 0.25, cap, block=128, interpret=True)
+    assert float(jnp.abs(kernel - dense)[real].max()) < 1e-5
+
+
+def test_the_long_row_kernel_is_named_or_refused(monkeypatch):
+    from dcsjax.nn.attention import long_row_kernel
+
+    assert long_row_kernel() == "blockwise"
+    monkeypatch.setenv("DCSJAX_LONG_ROWS", "pallas")
+    assert long_row_kernel() == "pallas"
+    monkeypatch.setenv("DCSJAX_LONG_ROWS", "flash")
+    with pytest.raises(ValueError, match="DCSJAX_LONG_ROWS must be blockwise or pallas"):
+        long_row_kernel()
 
 
 def test_live_tiles_keep_every_visible_pair_and_skip_the_rest():

@@ -21,12 +21,18 @@ each, at offset 0 (`packing.plan_batches` puts a group in the smallest bucket th
 of over 512 tokens never share a row of 1024), and a text's row length follows from its own length, so no
 score depends on what else is packed or batched with it (`tests/test_attention.py` checks the bits).
 Shorter rows keep the dense path: they pack sequences at any offset, where tile boundaries would make a
-score depend on its offset, and a row of one tile gains nothing from tiling. The same code serves every backend (XLA compiles the tiles' matmuls for GPU and TPU too);
-Pallas kernels for GPU/TPU are not written yet.
+score depend on its offset, and a row of one tile gains nothing from tiling. The same code serves every
+backend (XLA compiles the tiles' matmuls for GPU and TPU too).
+
+`pallas_attention` is the same tiled computation as one Pallas kernel, for GPUs. It is checked in Pallas'
+interpret mode on CPU against the dense path; it has never run on a GPU (none has been lent to this
+project), so it is not the default anywhere yet: `DCSJAX_LONG_ROWS=pallas` selects it for long rows
+(`bench/gpu_llama1b.py` measures both on a device). No TPU (Mosaic) kernel.
 """
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import jax
@@ -37,6 +43,23 @@ MASKED = -1e30  # finite, so a fully masked (padding) row softmaxes to uniform i
 BLOCKWISE_FROM = 1024  # rows at least this long take the blockwise path (bench/passages.py)
 BLOCK = 512  # queries and keys per tile
 NO_WINDOW = 1 << 30  # the window of a global layer
+
+
+def long_row_kernel() -> str:
+    """What long rows run through: "blockwise" (the default), or "pallas" (`DCSJAX_LONG_ROWS=pallas`; interpret
+    mode off a GPU). Read at trace time."""
+    kernel = os.environ.get("DCSJAX_LONG_ROWS", "blockwise")
+    if kernel not in ("blockwise", "pallas"):
+        raise ValueError(f"DCSJAX_LONG_ROWS must be blockwise or pallas, not {kernel!r}")
+    return kernel
+
+
+def tiled_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts, scale: float,
+                    cap: float | None) -> jax.Array:
+    """A long row's attention through `long_row_kernel()`."""
+    if long_row_kernel() == "pallas":
+        return pallas_attention(q, k, v, parts, scale, cap, interpret=jax.default_backend() != "gpu")
+    return blockwise_attention(q, k, v, parts, scale, cap)
 
 
 def takes_blockwise(row_length: int) -> bool:
@@ -75,8 +98,8 @@ class MaskParts(NamedTuple):
         """[B, T, S] bool: the whole mask (the dense path's)."""
         return self.tile(0, 0, self.q_segment.shape[1], self.k_segment.shape[1])
 
-    def live_tiles(self, bq: int, bk: int) -> jax.Array:
-        """[T / bq, S / bk] bool: the tiles some query of some row may see. A conservative test from each
+    def live_tiles(self, bq: int, bk: int, per_row: bool = False) -> jax.Array:
+        """[T / bq, S / bk] bool: the tiles some query of some row may see ([B, T / bq, S / bk] per_row). A conservative test from each
         tile's ranges (segments, positions): a tile it calls dead has no visible pair, so skipping it
         changes nothing; a live one may still be all masked (then the online softmax ignores it)."""
         b, t = self.q_segment.shape
@@ -100,7 +123,8 @@ class MaskParts(NamedTuple):
         # position; a sliding window drops the tile when even that is too far
         near = qp_lo[:, :, None] - kp_hi[:, None, :] < self.window
         causal = (jnp.arange(t // bq) * bq + bq - 1)[:, None] >= (jnp.arange(s // bk) * bk)[None, :]
-        return causal & (segments & near).any(axis=0)
+        live = causal & segments & near  # [B, T / bq, S / bk]
+        return live if per_row else live.any(axis=0)
 
 
 def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
@@ -163,3 +187,78 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskPar
 
     out = jax.lax.map(query_tile, (jnp.arange(t // bq), q_tiles))  # [T / bq, B, bq, N, G, K]
     return jnp.moveaxis(out, 0, 1).reshape(b, t, n, g, kd)
+
+
+# ------------------------------------------------------------------------------------------------ Pallas
+PALLAS_BLOCK = 64  # queries and keys per tile in the Pallas kernel (Triton: powers of two, on-chip memory)
+
+
+def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts, scale: float, cap: float | None,
+                     block: int = PALLAS_BLOCK, interpret: bool = False) -> jax.Array:
+    """`blockwise_attention` as one Pallas kernel (the GPU path; `interpret=True` runs it anywhere, which is
+    how the tests check it on CPU). q [B, T, N, G, K], k, v [B, S, N, K] -> [B, T, N, G, K] float32.
+
+    The grid is (row, query head, query tile); each program keeps its queries' running max, sum and
+    output in registers and walks the key tiles up to the causal diagonal, skipping the ones
+    `MaskParts.live_tiles` rules out for its row. A query head reads its KV head (h // G) straight from
+    k and v, so grouped keys are never repeated in memory."""
+    from jax.experimental import pallas as pl
+
+    b, t, n, g, kd = q.shape
+    s = k.shape[1]
+    bq, bk = min(block, t), min(block, s)
+    if t % bq or s % bk:
+        raise ValueError(f"rows of {t} queries and {s} keys do not split into tiles of {bq} x {bk}")
+    heads = jnp.moveaxis(q.reshape(b, t, n * g, kd), 2, 1)  # [B, H, T, K], head h = n * G + g
+    keys, values = jnp.moveaxis(k, 2, 1), jnp.moveaxis(v, 2, 1)  # [B, N, S, K]
+    live = parts.live_tiles(bq, bk, per_row=True).astype(jnp.int32)  # [B, T / bq, S / bk]
+    window = jnp.broadcast_to(jnp.asarray(parts.window, jnp.int32), (1,))
+
+    def kernel(q_ref, k_ref, v_ref, q_seg_ref, q_to_ref, q_pos_ref, k_seg_ref, k_pos_ref, live_ref, window_ref, o_ref):
+        i = pl.program_id(2)
+        queries = q_ref[...].astype(F32)  # [bq, K]
+        seg_q, to_q, pos_q = q_seg_ref[...][:, None], q_to_ref[...][:, None], q_pos_ref[...][:, None]
+        q_index = (i * bq + jnp.arange(bq))[:, None]
+
+        def key_tile(j, carry):
+            def update(carry):
+                high, total, summed = carry  # [bq], [bq], [bq, K]
+                cut = pl.ds(j * bk, bk)
+                scores = softcap(jnp.dot(queries, k_ref[cut, :].astype(F32).T, preferred_element_type=F32) * scale, cap)
+                seg_k, pos_k = k_seg_ref[cut][None, :], k_pos_ref[cut][None, :]
+                visible = ((q_index >= (j * bk + jnp.arange(bk))[None, :]) & ((seg_q == seg_k) | (to_q == seg_k))
+                           & (seg_k != 0) & (pos_q - pos_k < window_ref[0]))
+                scores = jnp.where(visible, scores, MASKED)
+                new_high = jnp.maximum(high, scores.max(axis=-1))
+                unnormed = jnp.exp(scores - new_high[:, None])
+                rescale = jnp.exp(high - new_high)
+                return (new_high, total * rescale + unnormed.sum(axis=-1),
+                        summed * rescale[:, None] + jnp.dot(unnormed, v_ref[cut, :].astype(F32),
+                                                            preferred_element_type=F32))
+
+            return jax.lax.cond(live_ref[j] > 0, update, lambda c: c, carry)
+
+        init = (jnp.full((bq,), MASKED, F32), jnp.zeros((bq,), F32), jnp.zeros((bq, kd), F32))
+        last = jnp.minimum((i * bq + bq + bk - 1) // bk, s // bk)  # key tiles up to the causal diagonal
+        _, total, summed = jax.lax.fori_loop(0, last, key_tile, init)
+        o_ref[...] = summed / total[:, None]
+
+    row = lambda shape: pl.BlockSpec(shape, lambda r, h, i: (r, 0))  # noqa: E731
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((b, n * g, t, kd), F32),
+        grid=(b, n * g, t // bq),
+        in_specs=[
+            pl.BlockSpec((None, None, bq, kd), lambda r, h, i: (r, h, i, 0)),
+            pl.BlockSpec((None, None, s, kd), lambda r, h, i: (r, h // g, 0, 0)),
+            pl.BlockSpec((None, None, s, kd), lambda r, h, i: (r, h // g, 0, 0)),
+            *[pl.BlockSpec((None, bq), lambda r, h, i: (r, i))] * 3,
+            row((None, s)), row((None, s)),
+            pl.BlockSpec((None, None, s // bk), lambda r, h, i: (r, i, 0)),
+            pl.BlockSpec((1,), lambda r, h, i: (0,)),
+        ],
+        out_specs=pl.BlockSpec((None, None, bq, kd), lambda r, h, i: (r, h, i, 0)),
+        interpret=interpret,
+    )(heads, keys, values, parts.q_segment, parts.attend_to, parts.q_position, parts.k_segment, parts.k_position,
+      live, window)
+    return jnp.moveaxis(out, 1, 2).reshape(b, t, n, g, kd)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dcsjax.nn.attention import NO_WINDOW, MaskParts, blockwise_attention, dense_attention, takes_blockwise
+from dcsjax.nn.attention import NO_WINDOW, MaskParts, dense_attention, takes_blockwise, tiled_attention
 from dcsjax.nn.config import DecoderConfig
 
 F32 = jnp.float32
@@ -354,7 +354,7 @@ def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Arr
         k, v = jnp.where(write, k, k_cache), jnp.where(write, v, v_cache)
     q = q.reshape(b, t, n, g, c.head_dim)  # [B, T, N, G, K]
     if isinstance(mask, MaskParts):
-        out = blockwise_attention(q, k, v, mask, c.attn_scale, c.attn_softcap)
+        out = tiled_attention(q, k, v, mask, c.attn_scale, c.attn_softcap)
     else:
         out = dense_attention(q, k, v, mask, c.attn_scale, c.attn_softcap)
     out = out.astype(v.dtype).reshape(b, t, c.num_heads, c.head_dim)
