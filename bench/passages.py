@@ -56,6 +56,7 @@ def main() -> None:
 
     import dcsjax
     from dcsjax.nn import attention
+    from peak import cpu_name, matmul_rate, torch_matmul_rate
     from throughput import Peer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -64,7 +65,10 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args()
     lengths = [(1, 1100, 1200)] if args.quick else [(8, 1100, 2000), (4, 2100, 4000)]
-    print(f"{jax.devices()[0].device_kind}, {os.cpu_count()} cores", flush=True)
+    peak = {"xla": matmul_rate(work=2e9 if args.quick else 2e10) / 1e9,
+            "torch": torch_matmul_rate(work=2e9 if args.quick else 2e10) / 1e9}  # float32 GFLOP/s
+    print(f"{cpu_name()}, {os.cpu_count()} cores: float32 matmul XLA {peak['xla']:.0f} GFLOP/s, "
+          f"torch {peak['torch']:.0f}", flush=True)
     rows = []
     for name in args.models.split(","):
         scorer = dcsjax.load(name)
@@ -110,7 +114,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"passages-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"device": jax.devices()[0].device_kind, "cores": os.cpu_count(), "rows": rows},
+    path.write_text(json.dumps({"device": jax.devices()[0].device_kind, "cpu": cpu_name(), "cores": os.cpu_count(),
+                                "matmul_gflops_float32": peak, "rows": rows},
                                indent=1))
     print(f"\n{path}")
 

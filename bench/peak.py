@@ -22,3 +22,36 @@ def matmul_rate(sizes=(512, 1024, 2048), dtype=jnp.float32, work: float = 2e10) 
             out.block_until_ready()
             best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - start))
     return best
+
+
+def torch_matmul_rate(sizes=(512, 1024, 2048), dtype: str = "float32", work: float = 2e10) -> float:
+    """The same measurement through torch (the peer's library), on the same host and threads."""
+    import os
+
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    best = 0.0
+    for n in sizes:
+        a = torch.randn(n, n).to(getattr(torch, dtype))
+        torch.mm(a, a)
+        reps = max(3, int(work / (2 * n ** 3)))
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(reps):
+                torch.mm(a, a)
+            best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - start))
+    return best
+
+
+def cpu_name() -> str:
+    """The host's CPU model, from /proc/cpuinfo where there is one."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown CPU"

@@ -235,11 +235,12 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     import jax
 
-    from peak import matmul_rate
+    from peak import cpu_name, matmul_rate, torch_matmul_rate
 
     peak = {dtype: matmul_rate(dtype=dtype) / 1e9 for dtype in ("float32", "bfloat16")}  # GFLOP/s
-    print(f"{jax.devices()[0].device_kind}, {os.cpu_count()} cores: matmul {peak['float32']:.0f} GFLOP/s float32, "
-          f"{peak['bfloat16']:.0f} bfloat16", flush=True)
+    torch_peak = {dtype: torch_matmul_rate(dtype=dtype) / 1e9 for dtype in ("float32", "bfloat16")}
+    print(f"{cpu_name()}, {os.cpu_count()} cores: XLA matmul {peak['float32']:.0f} GFLOP/s float32, "
+          f"{peak['bfloat16']:.0f} bfloat16; torch {torch_peak['float32']:.0f}, {torch_peak['bfloat16']:.0f}", flush=True)
     rows = []
     for name in args.models.split(","):
         print(name, flush=True)
@@ -247,7 +248,8 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"throughput-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"matmul_gflops": peak, "device": jax.devices()[0].device_kind,
+    path.write_text(json.dumps({"matmul_gflops": peak, "torch_matmul_gflops": torch_peak, "cpu": cpu_name(),
+                                "device": jax.devices()[0].device_kind,
                                 "cores": os.cpu_count(), "rows": rows}, indent=1))
     print(f"\n{path}")
 
