@@ -53,9 +53,11 @@ def test_blockwise_attention_equals_the_dense_path(window, cap):
         tiled = blockwise_attention(q, keys, values, parts, 0.25, cap, block=block)
         gap = float(jnp.abs(tiled - dense)[real].max())
         assert gap < 1e-5, (block, gap)
+        assert bool(jnp.isfinite(tiled).all())  # padding queries too: never a NaN
     # the Pallas kernel (the GPU path), in Pallas' interpret mode
     kernel = pallas_attention(q, keys, values, parts, 0.25, cap, block=128, interpret=True)
     assert float(jnp.abs(kernel - dense)[real].max()) < 1e-5
+    assert bool(jnp.isfinite(kernel).all())  # the padding-only row skips every tile (liveness per row)
 
 
 def test_the_long_row_kernel_is_named_or_refused(monkeypatch):

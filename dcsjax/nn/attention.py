@@ -142,6 +142,13 @@ def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, s
     return summed[..., :-1] / summed[..., -1:]
 
 
+def nonzero(total: jax.Array) -> jax.Array:
+    """A softmax denominator, 1 where it is 0: a padding query whose tiles were all skipped gets 0, not NaN,
+    so nothing downstream (a debugger's NaN check, a padding key's value) ever sees a NaN. A real query's
+    denominator is at least 1 (its largest term is exp(0)), so its result is unchanged."""
+    return jnp.where(total > 0, total, 1.0)
+
+
 def with_ones(v: jax.Array) -> jax.Array:
     """v [B, S, N, K] -> [B, S, N, K + 1] float32: a ones column, whose weighted sum is the softmax's denominator."""
     return jnp.concatenate([v.astype(F32), jnp.ones((*v.shape[:-1], 1), F32)], axis=-1)
@@ -183,7 +190,7 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskPar
 
         init = (jnp.full((b, n, g, bq), MASKED, F32), jnp.zeros((b, bq, n, g, kd + 1), F32))
         (_, summed), _ = jax.lax.scan(key_tile, init, (jnp.arange(s // bk), k_tiles, v_tiles))
-        return summed[..., :-1] / summed[..., -1:]
+        return summed[..., :-1] / nonzero(summed[..., -1:])
 
     out = jax.lax.map(query_tile, (jnp.arange(t // bq), q_tiles))  # [T / bq, B, bq, N, G, K]
     return jnp.moveaxis(out, 0, 1).reshape(b, t, n, g, kd)
@@ -241,7 +248,7 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts,
         init = (jnp.full((bq,), MASKED, F32), jnp.zeros((bq,), F32), jnp.zeros((bq, kd), F32))
         last = jnp.minimum((i * bq + bq + bk - 1) // bk, s // bk)  # key tiles up to the causal diagonal
         _, total, summed = jax.lax.fori_loop(0, last, key_tile, init)
-        o_ref[...] = summed / total[:, None]
+        o_ref[...] = summed / nonzero(total)[:, None]
 
     row = lambda shape: pl.BlockSpec(shape, lambda r, h, i: (r, 0))  # noqa: E731
     out = pl.pallas_call(
