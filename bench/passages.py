@@ -33,8 +33,8 @@ TASKS = ("bigbench:logical_deduction/seven_objects", "bigbench:logical_deduction
 
 
 def passages(scorer, lengths: list[tuple[int, int, int]]) -> list[list[int]]:
-    """Token ids (document start first) of passages: for each (count, lo, hi), `count` passages of lo..hi
-    tokens, each from the next consecutive questions."""
+    """Token ids (document start first) of passages: for each (count, lo, hi), `count` passages of lengths
+    spread evenly over lo..hi tokens, each from the next consecutive questions."""
     from dcsjax.data.tasks import load_task, resolve_task
 
     texts = [f"{i.question} The answer is {i.choices[i.correct[0]]}." for t in TASKS
@@ -42,12 +42,12 @@ def passages(scorer, lengths: list[tuple[int, int, int]]) -> list[list[int]]:
     pieces = scorer.encode(texts)
     out, at = [], 0
     for count, lo, hi in lengths:
-        for _ in range(count):
+        for target in np.linspace(lo, hi, count).astype(int):
             ids = [scorer.document_start_id]
-            while len(ids) < lo:
+            while len(ids) < target:
                 ids += pieces[at % len(pieces)]
                 at += 1
-            out.append(ids[:hi])
+            out.append(ids[:target])
     return out
 
 

@@ -8,7 +8,7 @@ Prints tables and writes bench/results/throughput-<time>.json. Needs the test ex
 
 Workloads (real text, BIG-bench):
 - statements: 512 declarative statements of 8 to 40 tokens (APS statements of the demo tasks);
-- long: 128 questions of 100 to 250 tokens (the 256-token bucket);
+- long: 128 questions of 100 to 250 tokens (the 256-token bucket; passages of 1,000+ tokens: bench/passages.py);
 - options: logical_deduction/five_objects, long questions with five options each, scored with the shared
   question (one row: question, then every option) and without (each question-option pair alone).
 Tokens per second count real tokens only (each scored token once; no padding, no document-start token).
