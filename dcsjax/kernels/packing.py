@@ -21,8 +21,12 @@ import numpy as np
 BUCKET_MULTIPLE = 64
 # Every multiple of 64 up to 512, where most statements, questions and options fall (a 150-token row in a
 # 256 bucket wastes 40% of its slots; measured in bench/throughput.py: 100-250-token passages went from
-# 576 to 826 tokens/s on SmolLM2), then doublings, so compiles stay few.
-DEFAULT_BUCKETS = (64, 128, 192, 256, 320, 384, 448, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+# 576 to 826 tokens/s on SmolLM2), then 1024 and every multiple of 512 up to 4096 (long passages: a 2,100-token
+# passage in a 4,096-token row computed twice its work; bench/passages.py), then doublings, so compiles stay
+# few. Every bucket from 1024 on is at most twice the one before, so its rows hold one sequence each (a group
+# lands in the smallest bucket that holds it; two would not fit), which the blockwise attention relies on.
+DEFAULT_BUCKETS = (64, 128, 192, 256, 320, 384, 448, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 8192, 16384,
+                   32768)
 
 
 @dataclass(frozen=True)

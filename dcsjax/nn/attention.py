@@ -155,18 +155,21 @@ def with_ones(v: jax.Array) -> jax.Array:
 
 
 def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts, scale: float,
-                        cap: float | None, block: int = BLOCK) -> jax.Array:
+                        cap: float | None, block: int | None = None) -> jax.Array:
     """q [B, T, N, G, K], k, v [B, S, N, K] -> [B, T, N, G, K] float32, one [block, block] tile of scores at a
     time; tiles `MaskParts.live_tiles` rules out are skipped (`lax.cond`: not computed at all)."""
     b, t, n, g, kd = q.shape
     s = k.shape[1]
+    block = block or BLOCK
     bq, bk = min(block, t), min(block, s)
     if t % bq or s % bk:
         raise ValueError(f"rows of {t} queries and {s} keys do not split into tiles of {bq} x {bk}")
     live = parts.live_tiles(bq, bk)  # [T / bq, S / bk]
-    q_tiles = jnp.moveaxis(q.reshape(b, t // bq, bq, n, g, kd), 1, 0)  # [T / bq, B, bq, N, G, K]
-    k_tiles = jnp.moveaxis(k.reshape(b, s // bk, bk, n, kd), 1, 0)  # [S / bk, B, bk, N, K]
-    v_tiles = jnp.moveaxis(with_ones(v).reshape(b, s // bk, bk, n, kd + 1), 1, 0)
+    # head-major tiles, laid out once: every tile's two einsums are then plain batched matmuls over (B, N),
+    # with no transpose inside the loops
+    q_tiles = q.reshape(b, t // bq, bq, n, g, kd).transpose(1, 0, 3, 4, 2, 5)  # [T / bq, B, N, G, bq, K]
+    k_tiles = k.reshape(b, s // bk, bk, n, kd).transpose(1, 0, 3, 2, 4)  # [S / bk, B, N, bk, K]
+    v_tiles = with_ones(v).reshape(b, s // bk, bk, n, kd + 1).transpose(1, 0, 3, 2, 4)  # [S / bk, B, N, bk, K + 1]
 
     def query_tile(args):
         i, q_i = args
@@ -175,25 +178,25 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskPar
             j, k_j, v_j = args
 
             def update(carry):
-                high, summed = carry  # [B, N, G, bq] running max; [B, bq, N, G, K + 1] running sums
-                scores = softcap(jnp.einsum("btngk,bsnk->bngts", q_i, k_j, preferred_element_type=F32) * scale, cap)
+                high, summed = carry  # [B, N, G, bq] running max; [B, N, G, bq, K + 1] running sums
+                scores = softcap(jnp.einsum("bngtk,bnsk->bngts", q_i, k_j, preferred_element_type=F32) * scale, cap)
                 scores = jnp.where(parts.tile(i * bq, j * bk, bq, bk)[:, None, None], scores, MASKED)
                 new_high = jnp.maximum(high, scores.max(axis=-1))
                 unnormed = jnp.exp(scores - new_high[..., None])
                 # earlier sums were taken against the old max; a query that has seen only masked keys so far
                 # (max MASKED) has its junk sums multiplied by exp(MASKED - real max) = 0 at its first real key
-                rescale = jnp.moveaxis(jnp.exp(high - new_high), -1, 1)[..., None]  # [B, bq, N, G, 1]
-                return new_high, summed * rescale + jnp.einsum("bngts,bsnk->btngk", unnormed, v_j,
+                rescale = jnp.exp(high - new_high)[..., None]  # [B, N, G, bq, 1]
+                return new_high, summed * rescale + jnp.einsum("bngts,bnsk->bngtk", unnormed, v_j,
                                                                preferred_element_type=F32)
 
             return jax.lax.cond(live[i, j], update, lambda c: c, carry), None
 
-        init = (jnp.full((b, n, g, bq), MASKED, F32), jnp.zeros((b, bq, n, g, kd + 1), F32))
+        init = (jnp.full((b, n, g, bq), MASKED, F32), jnp.zeros((b, n, g, bq, kd + 1), F32))
         (_, summed), _ = jax.lax.scan(key_tile, init, (jnp.arange(s // bk), k_tiles, v_tiles))
         return summed[..., :-1] / nonzero(summed[..., -1:])
 
-    out = jax.lax.map(query_tile, (jnp.arange(t // bq), q_tiles))  # [T / bq, B, bq, N, G, K]
-    return jnp.moveaxis(out, 0, 1).reshape(b, t, n, g, kd)
+    out = jax.lax.map(query_tile, (jnp.arange(t // bq), q_tiles))  # [T / bq, B, N, G, bq, K]
+    return out.transpose(1, 0, 4, 2, 3, 5).reshape(b, t, n, g, kd)
 
 
 # ------------------------------------------------------------------------------------------------ Pallas
