@@ -10,7 +10,8 @@ N_TOKENS = 640
 
 
 def test_token_logprobs_and_greedy_tokens_match_transformers(model_name):
-    from dcsjax.nn.attention import BLOCKWISE_FROM
+    from dcsjax.kernels.packing import bucket_for
+    from dcsjax.nn.attention import takes_blockwise
     from dcsjax.scorer import Scorer
 
     scorer = scorer_for(model_name)
@@ -30,7 +31,7 @@ def test_token_logprobs_and_greedy_tokens_match_transformers(model_name):
     # The scorer ran that 1024-token row blockwise (2 x 2 tiles of 512, one skipped by causality; Gemma's
     # local layers need the tile below the diagonal for the first 128 queries past the window); the dense
     # path on the same row agrees with it and with the reference
-    assert one_row.buckets[one_row.buckets.index(1024)] >= BLOCKWISE_FROM
+    assert bucket_for(len(seq), one_row.buckets) == 1024 and takes_blockwise(1024)
     row = np.zeros((1, 1024), np.int32)
     row[0, :len(seq)] = seq
     segments = (np.arange(1024) < len(seq)).astype(np.int32)[None]

@@ -5,8 +5,7 @@ Two paths compute the same thing, softmax(q k^T * scale, capped, masked) v, for 
 
 - `dense_attention` builds the whole [T, S] score matrix per head. It is the bit-exact path: every sum over
   keys is one matmul, so a sequence's scores do not depend on where it sits in its row or what shares its
-  batch (`tests/test_invariance.py`). On CPU it is also the fastest for short rows, where the blocks a
-  blockwise pass would skip are few and its per-block overhead is not paid back.
+  batch (`tests/test_invariance.py`).
 - `blockwise_attention` (flash-style) walks the row in blocks of queries and of keys with an online
   softmax, so it never holds more than one [block, block] tile of scores per head, and it skips the tiles
   that no query of the block may see (above the causal diagonal, outside a sliding window, between
