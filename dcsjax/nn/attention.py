@@ -72,6 +72,12 @@ def softcap(x: jax.Array, cap: float | None) -> jax.Array:
     return x if cap is None else jnp.tanh(x / cap) * cap
 
 
+def visible(q_index, k_index, seg_q, to_q, pos_q, seg_k, pos_k, window) -> jax.Array:
+    """Which queries see which keys, from their columns, segments and positions, broadcast against each other
+    ([bq, 1] queries and [1, bk] keys give a [bq, bk] tile): the one mask rule of both tiled paths."""
+    return (q_index >= k_index) & ((seg_q == seg_k) | (to_q == seg_k)) & (seg_k != 0) & (pos_q - pos_k < window)
+
+
 class MaskParts(NamedTuple):
     """What a row's [T, S] mask is made of, for attention that builds it one tile at a time. Query t sees
     key s when s <= t (columns: causal), s is not padding, s's segment is t's own or the one t attends to
@@ -89,9 +95,8 @@ class MaskParts(NamedTuple):
         cut = lambda a, start, n: jax.lax.dynamic_slice_in_dim(a, start, n, axis=1)  # noqa: E731
         seg_q, to_q, pos_q = (cut(a, q0, bq)[:, :, None] for a in (self.q_segment, self.attend_to, self.q_position))
         seg_k, pos_k = (cut(a, k0, bk)[:, None, :] for a in (self.k_segment, self.k_position))
-        causal = (q0 + jnp.arange(bq))[:, None] >= (k0 + jnp.arange(bk))[None, :]
-        return (causal & ((seg_q == seg_k) | (to_q == seg_k)) & (seg_k != 0)
-                & (pos_q - pos_k < self.window))
+        return visible((q0 + jnp.arange(bq))[:, None], (k0 + jnp.arange(bk))[None, :], seg_q, to_q, pos_q, seg_k,
+                       pos_k, self.window)
 
     def dense(self) -> jax.Array:
         """[B, T, S] bool: the whole mask (the dense path's)."""
@@ -235,9 +240,9 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts,
                 cut = pl.ds(j * bk, bk)
                 scores = softcap(jnp.dot(queries, k_ref[cut, :].astype(F32).T, preferred_element_type=F32) * scale, cap)
                 seg_k, pos_k = k_seg_ref[cut][None, :], k_pos_ref[cut][None, :]
-                visible = ((q_index >= (j * bk + jnp.arange(bk))[None, :]) & ((seg_q == seg_k) | (to_q == seg_k))
-                           & (seg_k != 0) & (pos_q - pos_k < window_ref[0]))
-                scores = jnp.where(visible, scores, MASKED)
+                seen = visible(q_index, (j * bk + jnp.arange(bk))[None, :], seg_q, to_q, pos_q, seg_k, pos_k,
+                               window_ref[0])
+                scores = jnp.where(seen, scores, MASKED)
                 new_high = jnp.maximum(high, scores.max(axis=-1))
                 unnormed = jnp.exp(scores - new_high[:, None])
                 rescale = jnp.exp(high - new_high)
