@@ -51,7 +51,8 @@ def main() -> None:
                  progress=False)
         eval_s = time.perf_counter() - start
         written = read_records(Path(out) / scorer.name / card.slug / f"{args.protocol}.jsonl")
-    same = all(w["choice"] == e["choice"] for w, e in zip(written, engine)) and len(written) == len(engine)
+    by_id = {w["id"]: w["choice"] for w in written}  # written shortest first (`evaluate.length_hint`)
+    same = len(written) == len(engine) and all(by_id.get(e["id"]) == e["choice"] for e in engine)
     record = {"model": args.model, "task": args.task, "protocol": args.protocol, "items": len(items),
               "engine_s": round(engine_s, 2), "eval_s": round(eval_s, 2), "eval_over_engine": round(eval_s / engine_s, 3),
               "writes": [e - s for s, e in write_spans(len(items), CHUNK, MAX_CHUNK)], "same_answers": same,

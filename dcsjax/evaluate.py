@@ -21,10 +21,12 @@ from dcsjax.protocols import PROTOCOLS
 from dcsjax.protocols.options import DEFAULT_ORDER, ORDERS
 
 # Items per write: the first write holds CHUNK items, and each later one twice the one before, up to
-# MAX_CHUNK. A killed run loses at most one write; a whole benchmark pays for a part-filled last batch
-# (and a restarted pipeline) once per write, so few writes keep `dcsjax eval` at one engine call's speed
-# (bench/eval_end_to_end.py). The sizes depend only on the item count, so every process of a multi-process
-# run cuts the same writes.
+# MAX_CHUNK. A killed run loses at most one write. Every write ends in a part-filled batch in each bucket
+# its items reach, so the items still to score are taken shortest first (`length_hint`): a write then
+# spans one or two buckets instead of all of them, and few, growing writes keep `dcsjax eval` at one
+# engine call's speed (bench/eval_end_to_end.py). Scores do not depend on which items share a batch, and
+# the order and the sizes depend only on the items, so every process of a multi-process run cuts the
+# same writes.
 CHUNK = 32
 MAX_CHUNK = 512
 
@@ -210,7 +212,7 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
                 if state["error"]:
                     raise results.ResultsError(state["error"])
                 done = set(state["done"])
-                todo = [i for i in items if i.id not in done]
+                todo = sorted((i for i in items if i.id not in done), key=length_hint)
                 start = time.perf_counter()
                 bar = _bar(progress and lead, len(items), len(items) - len(todo), f"{scorer.name} {card.name} {protocol}")
                 scoring_errors = []
@@ -242,6 +244,13 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
             writer.update_summary(rows, run)
     # this run's rows, in its order (summary.json also keeps the rows of earlier runs of other tasks)
     return distributed.from_rank0({"rows": rows, "skipped": skipped})
+
+
+def length_hint(item) -> int:
+    """Characters of everything a protocol may score of the item: the order in which `run_eval` takes
+    items, so that one write's prompts fill the same few buckets (a proxy for tokens; ties keep the
+    task's order)."""
+    return len(item.question) + sum(map(len, item.choices)) + sum(map(len, item.statements or ()))
 
 
 def write_spans(n: int, first: int = CHUNK, largest: int = MAX_CHUNK) -> list[tuple[int, int]]:

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from conftest import scorer_for
-from dcsjax.evaluate import bootstrap_ci, format_table, read_records, run_eval
+from dcsjax.data.tasks import load_task, resolve_task
+from dcsjax.evaluate import bootstrap_ci, format_table, length_hint, read_records, run_eval
 
 TASK, PROTOCOLS, LIMIT = "known_unknowns", ["dcs", "qa-ppl"], 24
 
@@ -28,6 +29,10 @@ def test_eval_writes_records_summary_and_table(tmp_path):
     assert -1 <= low <= rows["dcs"]["value"] <= high <= 1
     records = read_records(tmp_path / "smollm2-135m-instruct" / "known_unknowns" / "dcs.jsonl")
     assert len(records) == LIMIT and len({r["id"] for r in records}) == LIMIT
+    # written shortest item first (so each write fills few buckets), not in the task's order
+    items = load_task(resolve_task(TASK))[0][:LIMIT]
+    shortest_first = [i.id for i in sorted(items, key=length_hint)]
+    assert [r["id"] for r in records] == shortest_first != [i.id for i in items]
     for r in records:  # a distribution over the options, IDK included
         perm = r["order"]["presentations"][0]["perm"]  # shuffled: "Unknown" (source option 1) anywhere
         assert abs(sum(r["probs"]) - 1) < 1e-5 and perm[r["idk_index"]] == 1
