@@ -28,6 +28,7 @@ def main() -> None:
     from dcsjax import protocols
     from dcsjax.data.tasks import load_task, resolve_task
     from dcsjax.evaluate import CHUNK, MAX_CHUNK, read_records, run_eval, write_spans
+    from dcsjax.results import environment
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -56,7 +57,8 @@ def main() -> None:
     record = {"model": args.model, "task": args.task, "protocol": args.protocol, "items": len(items),
               "engine_s": round(engine_s, 2), "eval_s": round(eval_s, 2), "eval_over_engine": round(eval_s / engine_s, 3),
               "writes": [e - s for s, e in write_spans(len(items), CHUNK, MAX_CHUNK)], "same_answers": same,
-              "cores": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+              "cores": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "code": {k: environment()[k] for k in ("dcsjax", "sources", "git_commit")}}
     print(record)
     path = Path(args.out) / f"eval-end-to-end-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -256,24 +256,16 @@ def attention_masks(c: DecoderConfig, positions, segment_ids, attend_to=None, *,
                     blockwise: bool | None = None) -> Masks | TiledMasks:
     """The masks of rows [B, T] for every layer kind. blockwise: tiles for `blockwise_attention` instead
     of [B, T, S] arrays; by default for rows of `attention.BLOCKWISE_FROM` tokens or more."""
-    t = segment_ids.shape[1]
     if blockwise is None:
-        blockwise = takes_blockwise(t)
+        blockwise = takes_blockwise(segment_ids.shape[1])
+    to = jnp.zeros_like(segment_ids) if attend_to is None else attend_to  # 0: no other segment (never a key's)
+    parts = MaskParts(segment_ids, segment_ids, to, positions, positions)
     if blockwise:
-        to = jnp.zeros_like(segment_ids) if attend_to is None else attend_to
-        return TiledMasks(MaskParts(segment_ids, segment_ids, to, positions, positions),
-                          c.sliding_window or NO_WINDOW)
-    idx = jnp.arange(t)
-    causal = idx[None, :, None] >= idx[None, None, :]  # [1, T, S]
-    seg_q, seg_k = segment_ids[:, :, None], segment_ids[:, None, :]
-    visible = seg_q == seg_k
-    if attend_to is not None:
-        visible |= (attend_to[:, :, None] == seg_k)
-    glob = causal & visible & (seg_k != 0)  # [B, T, S]
+        return TiledMasks(parts, c.sliding_window or NO_WINDOW)
+    glob = parts.dense()  # [B, T, S], the same rule (`attention.visible`) as the tiles
     if not any(c.local_layers):
         return Masks(glob, glob)
-    distance = positions[:, :, None] - positions[:, None, :]
-    return Masks(glob, glob & (distance < c.sliding_window))
+    return Masks(glob, parts._replace(window=c.sliding_window).dense())
 
 
 def row_sum(x: jax.Array) -> jax.Array:
