@@ -247,6 +247,35 @@ def test_lora_starts_at_the_base_model_and_trains_only_its_factors():
     np.testing.assert_allclose(np.asarray(moved), want, rtol=1e-5, atol=1e-6)
 
 
+def test_factored_lora_step_equals_the_merged_weights(small_features):
+    """The training step keeps each LoRA update apart from its weight (`LowRank`: x W + x a b, no
+    weight-sized gradient); its loss and its gradients for a and b equal those through the merged weights
+    W + a b, on two real blocks with a nonzero update."""
+    from dcsjax.training.train import adapted, arm_loss, init_trainable, letter_logits
+
+    scorer = scorer_for(SMOL)
+    base, data = top_params(scorer.model, 2), small_features["train"]
+    cfg = TrainConfig(arm="dcs+ce", adapter="lora", lora_rank=4, lora_alpha=8.0)
+    lora = init_trainable(cfg, base)
+    key = jax.random.PRNGKey(1)
+    lora = {"lora": {name: {"a": pair["a"], "b": 0.02 * jax.random.normal(jax.random.fold_in(key, i), pair["b"].shape)}
+                     for i, (name, pair) in enumerate(sorted(lora["lora"].items()))}}
+    rows = np.arange(8)
+    arrays = [np.asarray(x)[rows] for x in (data.hidden, data.length, data.letters, data.correct, data.idk, data.valid)]
+
+    def loss(params, factored):
+        logits = letter_logits(scorer.config, adapted(cfg, params, base, factored), scorer.model.output_embedding,
+                               *arrays[:3])
+        return arm_loss(cfg, logits, *arrays[3:], np.zeros(arrays[2].shape, np.float32), 10.0)[0]
+
+    (merged, g_merged), (factored, g_factored) = (jax.jit(jax.value_and_grad(loss), static_argnums=1)(lora, f)
+                                                  for f in (False, True))
+    assert float(factored) == pytest.approx(float(merged), abs=1e-5)
+    for a, b in zip(jax.tree.leaves(g_factored), jax.tree.leaves(g_merged)):
+        scale = float(np.abs(np.asarray(b)).max())
+        assert scale > 0 and np.abs(np.asarray(a) - np.asarray(b)).max() <= 1e-3 * scale
+
+
 def test_accumulated_micro_batches_make_the_same_update_as_one_batch(small_features):
     """The jitted step with two micro-batches of 4 == one batch of the same 8 items (per-item mean loss),
     read through plain SGD with rate 1, whose update is the gradient itself."""

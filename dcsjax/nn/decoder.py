@@ -275,10 +275,28 @@ def row_sum(x: jax.Array) -> jax.Array:
     return jnp.einsum("...d,d->...", x, jnp.ones(x.shape[-1], x.dtype), preferred_element_type=F32)
 
 
-def dense(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
+class LowRank(NamedTuple):
+    """A frozen weight with a trained low-rank update, w + a @ b, kept apart (LoRA while training): the
+    backward pass then needs x's gradient through w and the small factors' gradients, never a gradient
+    the size of w, which the merged w + a @ b would cost (a third of a step's matmuls). a [in, r] and
+    b [r, out] act on w's input axes flattened and its output axes flattened (any scale folded into b)."""
+
+    w: jax.Array  # [in..., out...], as the family stores it
+    a: jax.Array  # [in, r]
+    b: jax.Array  # [r, out]
+
+
+def dense(spec: str, x: jax.Array, w: jax.Array | LowRank) -> jax.Array:
     """A weight matmul accumulated in float32, the result in x's dtype. For bfloat16 this is what XLA
     would compute anyway, but asked for explicitly it runs as a bfloat16 x bfloat16 -> float32 kernel
-    (twice the float32 rate on CPUs with AVX-512 BF16) instead of upcasting both operands first."""
+    (twice the float32 rate on CPUs with AVX-512 BF16) instead of upcasting both operands first.
+    Every spec contracts x's last axes with w's first ones, which is how a `LowRank` update is applied."""
+    if isinstance(w, LowRank):
+        y = dense(spec, x, w.w)
+        n_in = (x.ndim + w.w.ndim - y.ndim) // 2  # x = [lead..., in...], w = [in..., out...], y = [lead..., out...]
+        lead = x.shape[:x.ndim - n_in]
+        delta = (x.reshape(*lead, -1).astype(F32) @ w.a) @ w.b  # [..., out]
+        return y + delta.reshape(y.shape).astype(y.dtype)
     return jnp.einsum(spec, x, w, preferred_element_type=F32).astype(x.dtype)
 
 

@@ -44,7 +44,7 @@ from dcsjax.kernels.dcs import dcs, option_masses
 from dcsjax.metrics.calibration import ABSTENTION_METRICS, Distributions
 from dcsjax.nn.attention import softcap
 from dcsjax.nn.decoder import (
-    attention_masks, layer_flags, layer_param_shapes, normalize, readout_block, rope_tables, run_blocks,
+    LowRank, attention_masks, layer_flags, layer_param_shapes, normalize, readout_block, rope_tables, run_blocks,
 )
 from dcsjax.sharding import make_mesh
 from dcsjax.training.features import LetterFeatures
@@ -112,14 +112,18 @@ def init_trainable(cfg: TrainConfig, base: dict) -> dict:
     return {"lora": lora}
 
 
-def adapted(cfg: TrainConfig, trainable: dict, base: dict) -> dict:
+def adapted(cfg: TrainConfig, trainable: dict, base: dict, factored: bool = False) -> dict:
     """The top parameters the model runs with: `trainable` itself, or the base with each LoRA product
-    W + (alpha / r) a @ b added (merged: the forward pass and the export see ordinary weights)."""
+    W + (alpha / r) a @ b added: merged (ordinary weights, for scoring and the export), or, with
+    `factored`, kept apart as `LowRank` weights (the training step: no weight-sized gradients)."""
     if cfg.adapter == "top":
         return trainable
     scale = cfg.lora_alpha / cfg.lora_rank
     layers = dict(base["layers"])
     for name, pair in trainable["lora"].items():
+        if factored:
+            layers[name] = LowRank(layers[name], pair["a"], scale * pair["b"])
+            continue
         delta = jnp.einsum("lir,lro->lio", pair["a"], pair["b"]).reshape(layers[name].shape)
         layers[name] = layers[name] + scale * delta
     return {**base, "layers": layers}
@@ -197,7 +201,7 @@ def _train_step(c, cfg: TrainConfig, optimizer, params, opt_state, base, embeddi
         (hidden, length, letters, correct, idk, valid), start = mb
 
         def loss_fn(p):
-            logits = letter_logits(c, adapted(cfg, p, base), embedding, hidden, length, letters)
+            logits = letter_logits(c, adapted(cfg, p, base, factored=True), embedding, hidden, length, letters)
             return arm_loss(cfg, logits, correct, idk, valid, start, step)
 
         (_, stats), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
