@@ -107,14 +107,17 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     embedding = scorer.model.output_embedding
     timings: dict[str, float] = {}
 
-    def features_at(k: int) -> dict:
+    def features_at(k: int, which=SPLITS) -> dict:
         tic = time.time()
         f = {s: cached_features(scorer, splits[s], s, out / "features" / f"top{k}", k, 1.0, 1.0, progress)
-             for s in SPLITS}
+             for s in which}
         timings[f"features_top{k}"] = timings.get(f"features_top{k}", 0.0) + round(time.time() - tic, 1)
         return f
 
-    features = {k: features_at(k) for k in sorted(set(depth[a] for a in adapters) | {top_layers})}
+    # what each adapter trains on (every split), and the starting model's readout (dev and test only: with
+    # LoRA alone, the top-layer features of the training split, 63% of the items, are never read)
+    trained = set(depth[a] for a in adapters)
+    features = {k: features_at(k, SPLITS if k in trained else ("dev", "test")) for k in sorted(trained | {top_layers})}
     start = top_params(scorer.model, top_layers)
     start_dists = {s: distributions(predict_logits(c, start, embedding, features[top_layers][s]),
                                     features[top_layers][s]) for s in ("dev", "test")}
