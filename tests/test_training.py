@@ -218,11 +218,14 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path)
     run_eval(str(out / "model"), [f"jsonl:{out / 'data' / 'test.jsonl'}"], ["dcs-letters"], out / "eval",
              progress=False, option_order="source")  # the data file's options are shuffled already
     records = [json.loads(line) for line in next((out / "eval").rglob("dcs-letters.jsonl")).read_text().splitlines()]
+    by_id = {r["id"]: r for r in records}  # eval writes shortest item first; the features follow the file
+    ids = [json.loads(line)["id"] for line in (out / "data" / "test.jsonl").read_text().splitlines()]
     logits = np.load(out / "runs" / "lora" / "t0.5" / "dcs+ce-seed0" / "test_logits.npy")
     test_set = load_features(out / "features" / "top2" / "test.npz")
     probs = np.asarray(distributions(logits, test_set).probs)
-    for row, record in zip(probs, records):
-        np.testing.assert_allclose(row[:len(record["probs"])], record["probs"], atol=2e-5)
+    assert len(ids) == len(probs) == len(records)
+    for row, item_id in zip(probs, ids):
+        np.testing.assert_allclose(row[:len(by_id[item_id]["probs"])], by_id[item_id]["probs"], atol=2e-5)
     want = results["by_threshold"]["0.5"]["policies"]["dcs+ce (lora)"]["metrics"]["dcs"][0]
     assert want == pytest.approx(np.mean([r["dcs"] for r in records]), abs=1e-4)
 
