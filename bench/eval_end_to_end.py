@@ -54,11 +54,12 @@ def main() -> None:
         written = read_records(Path(out) / scorer.name / card.slug / f"{args.protocol}.jsonl")
     by_id = {w["id"]: w["choice"] for w in written}  # written shortest first (`evaluate.length_hint`)
     same = len(written) == len(engine) and all(by_id.get(e["id"]) == e["choice"] for e in engine)
+    env = environment()  # once: it asks git for the commit
     record = {"model": args.model, "task": args.task, "protocol": args.protocol, "items": len(items),
               "engine_s": round(engine_s, 2), "eval_s": round(eval_s, 2), "eval_over_engine": round(eval_s / engine_s, 3),
               "writes": [e - s for s, e in write_spans(len(items), CHUNK, MAX_CHUNK)], "same_answers": same,
               "cores": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "code": {k: environment()[k] for k in ("dcsjax", "sources", "git_commit")}}
+              "code": {k: env[k] for k in ("dcsjax", "sources", "git_commit")}}
     print(record)
     path = Path(args.out) / f"eval-end-to-end-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

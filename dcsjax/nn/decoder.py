@@ -258,7 +258,7 @@ def attention_masks(c: DecoderConfig, positions, segment_ids, attend_to=None, *,
     of [B, T, S] arrays; by default for rows of `attention.BLOCKWISE_FROM` tokens or more."""
     if blockwise is None:
         blockwise = takes_blockwise(segment_ids.shape[1])
-    to = jnp.zeros_like(segment_ids) if attend_to is None else attend_to  # 0: no other segment (never a key's)
+    to = jnp.zeros_like(segment_ids) if attend_to is None else attend_to  # 0 = none: only padding keys match it, and those are masked
     parts = MaskParts(segment_ids, segment_ids, to, positions, positions)
     if blockwise:
         return TiledMasks(parts, c.sliding_window or NO_WINDOW)
