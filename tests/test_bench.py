@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -59,3 +61,13 @@ def test_passages_script_quick(tmp_path):
     (row,) = result["rows"]
     assert row["blockwise"]["tokens_per_s"] > 0 and row["dense"]["tokens_per_s"] > 0
     assert row["max_gap_blockwise_dense"] < 1e-4 and row["max_gap_blockwise_peer"] < 1e-4
+
+
+def test_profile_script_quick(tmp_path):
+    result = run(["bench/profile_statements.py", "--dtypes", "float32", "--statements", "64", "--repeats", "1"],
+                 tmp_path)
+    (row,) = result["rows"]
+    assert row["batch"][1] % 64 == 0 and 0 < row["scored_tokens"] <= row["batch"][0] * row["batch"][1]
+    assert all(row[k] > 0 for k in ("whole_s", "decoder_s", "head_and_logsoftmax_s", "block_matmuls_xla_s",
+                                     "block_matmuls_torch_s", "head_matmul_xla_s", "head_matmul_torch_s"))
+    assert row["head_gflop"] == pytest.approx(2 * 64 * row["batch"][0] * 576 * 49152 / 1e9)  # SmolLM2: D 576, V 49152
