@@ -71,3 +71,10 @@ def test_profile_script_quick(tmp_path):
     assert all(row[k] > 0 for k in ("whole_s", "decoder_s", "head_and_logsoftmax_s", "block_matmuls_xla_s",
                                      "block_matmuls_torch_s", "head_matmul_xla_s", "head_matmul_torch_s"))
     assert row["head_gflop"] == pytest.approx(2 * 64 * row["batch"][0] * 576 * 49152 / 1e9)  # SmolLM2: D 576, V 49152
+
+
+def test_lora_step_profile_script_small(tmp_path):
+    result = run(["bench/profile_lora_step.py", "--lora-layers", "2", "--batch", "4"], tmp_path)
+    what = {r["what"] for r in result["rows"]}
+    assert {"forward: weight matmuls", "backward: weight matmuls"} <= what
+    assert result["update_s"] > 0 and sum(r["seconds"] for r in result["rows"]) == pytest.approx(result["operations_s"], rel=1e-2)

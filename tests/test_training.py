@@ -279,6 +279,23 @@ def test_factored_lora_step_equals_the_merged_weights(small_features):
         assert scale > 0 and np.abs(np.asarray(a) - np.asarray(b)).max() <= 1e-3 * scale
 
 
+def test_low_rank_update_gradients_equal_autodiff_of_the_plain_product():
+    """`decoder.low_rank_update` writes its gradients out (so XLA transposes only the small factors); they
+    equal autodiff's through (x a) b for x, a and b."""
+    from dcsjax.nn.decoder import low_rank_update
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    x, a, b = (jax.random.normal(k, s) for k, s in zip(keys, [(48, 20), (20, 4), (4, 12)]))
+    g = jax.random.normal(keys[3], (48, 12))
+    value = lambda f: lambda x, a, b: (f(x, a, b) * g).sum()  # noqa: E731
+    ours = jax.grad(value(low_rank_update), argnums=(0, 1, 2))(x, a, b)
+    plain = jax.grad(value(lambda x, a, b: (x @ a) @ b), argnums=(0, 1, 2))(x, a, b)
+    np.testing.assert_allclose(np.asarray(low_rank_update(x, a, b)), np.asarray((x @ a) @ b), rtol=1e-5, atol=1e-5)
+    for mine, want in zip(ours, plain):
+        assert mine.shape == want.shape
+        np.testing.assert_allclose(np.asarray(mine), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
 def test_accumulated_micro_batches_make_the_same_update_as_one_batch(small_features):
     """The jitted step with two micro-batches of 4 == one batch of the same 8 items (per-item mean loss),
     read through plain SGD with rate 1, whose update is the gradient itself."""

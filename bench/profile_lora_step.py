@@ -1,0 +1,129 @@
+"""Where one LoRA training update's time goes: `train._train_step` (the factored LoRA step of `dcsjax
+train-abstain --adapters lora`) on the first training prompts of the abstention data, traced with
+`jax.profiler`, its XLA operations summed by what they do (forward or backward weight matmuls, LoRA factor
+matmuls, attention, the layer scan's saved activations, zero-filled buffers, the rest).
+
+    python bench/profile_lora_step.py          # about 3 minutes on 2 cores
+
+Prints the table and writes bench/results/profile-lora-step-<time>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+WEIGHT_MATMULS = ("btd,df->btf", "btf,fd->btd", "btd,dhk->bthk", "bthk,hkd->btd", "bsd,dnk->bsnk")
+
+
+def category(name: str, op_name: str) -> str:
+    """What an XLA operation of the step does, from its name and the JAX operation it came from."""
+    if "broadcast" in name:
+        return "zero-filled buffers"
+    side = "backward" if "transpose(jvp" in op_name else "forward"
+    if "dynamic-update-slice" in name or "dynamic_update_slice" in op_name or "dynamic-slice" in name:
+        return f"{side}: the layer scan's saved activations"
+    if any(spec in op_name for spec in WEIGHT_MATMULS):
+        return f"{side}: weight matmuls"
+    if any(key in op_name for key in ("bngts", "btngk", "reduce_max", "select_n", "/exp")):
+        return f"{side}: attention"
+    if "dot_general" in op_name:
+        return f"{side}: LoRA factor matmuls"
+    return f"{side}: elementwise and copies"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--batch", type=int, default=16, help="prompts per update (train-abstain's default)")
+    parser.add_argument("--lora-layers", type=int, default=None, help="blocks adapted (default all)")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder for the JSON")
+    args = parser.parse_args()
+
+    import jax
+    import jax.numpy as jnp
+
+    import dcsjax
+    from dcsjax.results import environment
+    from dcsjax.training.data import abstention_splits
+    from dcsjax.training.features import letter_features
+    from dcsjax.training.train import TrainConfig, _train_step, cut_length, init_trainable, optimizer_for, top_params
+
+    scorer = dcsjax.load(args.model)
+    c = scorer.config
+    k = args.lora_layers or c.num_layers
+    items = abstention_splits()["train"][:args.batch]
+    f = letter_features(scorer, items, k)
+    t = cut_length(f.length, f.hidden.shape[1])
+    batch = tuple(np.asarray(x)[None] for x in (f.hidden[:, :t], f.length, f.letters, f.correct, f.idk, f.valid))
+    cfg = replace(TrainConfig(), arm="dcs+ce", adapter="lora", batch_size=args.batch)
+    base = top_params(scorer.model, k)
+    params = init_trainable(cfg, base)
+    optimizer = optimizer_for(cfg)
+    opt_state = optimizer.init(params)
+    start = np.zeros((1, *f.letters.shape), np.float32)
+    step_args = (c, cfg, optimizer, params, opt_state, base, scorer.model.output_embedding, batch, start,
+                 jnp.asarray(30.0))
+
+    compiled = _train_step.lower(*step_args).compile()
+    meta = {}
+    for line in compiled.as_text().split("\n"):
+        m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = \S+ .*?op_name=\"([^\"]*)\"", line)
+        if m:
+            meta[m.group(1)] = m.group(2)
+    jax.block_until_ready(_train_step(*step_args))  # warm
+    walls = []
+    for _ in range(2):
+        tic = time.perf_counter()
+        jax.block_until_ready(_train_step(*step_args))
+        walls.append(time.perf_counter() - tic)
+    with tempfile.TemporaryDirectory() as trace_dir:
+        jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+        jax.block_until_ready(_train_step(*step_args))
+        jax.profiler.stop_trace()
+        (trace,) = glob.glob(f"{trace_dir}/**/perfetto_trace.json.gz", recursive=True)
+        events = json.load(gzip.open(trace))["traceEvents"]
+    seconds, per_op = collections.Counter(), collections.Counter()
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") != "X" or "dur" not in e or name not in meta and "broadcast" not in name:
+            continue  # runtime bookkeeping (executor, thread pool), not an XLA operation
+        seconds[category(name, meta.get(name, ""))] += e["dur"] / 1e6
+        per_op[name] += e["dur"] / 1e6
+    rows = [{"what": what, "seconds": round(s, 3)} for what, s in seconds.most_common()]
+    total = sum(seconds.values())
+    print(f"{scorer.name}: one LoRA update of {args.batch} prompts cut to {t} tokens, {k} blocks adapted; "
+          f"{min(walls):.2f} s per update (best of {len(walls)}); operation times summed over both threads: {total:.2f} s")
+    for r in rows:
+        print(f"  {r['seconds']:7.2f} s  {100 * r['seconds'] / total:5.1f}%  {r['what']}")
+    top = [{"operation": name, "seconds": round(s, 3), "what": category(name, meta.get(name, "")),
+            "from": meta.get(name, "")[-90:]} for name, s in per_op.most_common(12)]
+    print("  the slowest operations:")
+    for r in top:
+        print(f"  {r['seconds']:7.2f} s  {r['operation'][:32]:32} {r['what']:40} {r['from']}")
+    out = Path(args.out) / f"profile-lora-step-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"model": scorer.name, "batch": [args.batch, t], "lora_layers": k,
+                               "update_s": min(walls), "operations_s": total, "rows": rows, "slowest": top,
+                               "environment": environment()}, indent=2))
+    print(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
