@@ -305,7 +305,7 @@ def low_rank_update(x: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
 
     Left to autodiff, b's gradient (x a)^T g contracts the M tokens, the leading axis of both operands, and
     XLA's CPU backend then copies the [M, out] cotangent g into a transposed layout first: in a LoRA update
-    of SmolLM2 (16 prompts of 128 tokens, 30 blocks) those copies took 2.4 s of 12.6 s, and the matmuls
+    of SmolLM2 (16 prompts of 128 tokens, 30 blocks) those copies took 2.4 s of a 12.1 s update, and the matmuls
     reading them ran at half speed (`bench/profile_lora_step.py`; 9.1 s per update with this function). Here
     only the small [r, M] factors are transposed, so every large product is a plain matmul."""
     return (x @ a) @ b
