@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dcsjax.cards import ModelCard, model_card
 from dcsjax.errors import CheckpointError, FetchError
-from dcsjax.paths import cache_dir
+from dcsjax.paths import cache_dir, cache_lock
 
 
 def sha256_file(path: Path) -> str:
@@ -51,6 +51,11 @@ def fetch_model(name: str, quiet: bool = False) -> Path:
     path = cached_model_file(card)
     if path is not None:
         return path
+    with cache_lock(f"model-{card.name}"):
+        return cached_model_file(card) or _fetch_model(card, quiet)  # another process may have just fetched it
+
+
+def _fetch_model(card: ModelCard, quiet: bool) -> Path:
     target = model_dir(card) / card.file
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:

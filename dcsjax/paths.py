@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 CACHE_ENV = "DCSJAX_CACHE"
@@ -16,3 +18,20 @@ def cache_dir() -> Path:
         root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dcsjax"
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+@contextlib.contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """Hold an exclusive lock on `name` in the cache while fetching into it: two processes that fetch the same
+    model or dataset at once (two test workers, two runs started together) then download it once, and the
+    second finds the first's whole copy instead of replacing files under its readers."""
+    import fcntl
+
+    path = cache_dir() / "locks" / f"{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

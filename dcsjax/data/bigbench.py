@@ -18,7 +18,7 @@ from typing import Sequence
 
 from dcsjax.data.items import Item, ItemError, check_item
 from dcsjax.errors import DcsjaxError, FetchError
-from dcsjax.paths import cache_dir
+from dcsjax.paths import cache_dir, cache_lock
 
 SDIST = "bigbench==1.0.0"
 SDIST_SHA256 = "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2"
@@ -36,6 +36,13 @@ def fetch_bigbench(quiet: bool = False) -> Path:
     done = root.parent / "COMPLETE"
     if done.exists():
         return root
+    with cache_lock("bigbench"):
+        if done.exists():  # another process fetched it while this one waited
+            return root
+        return _fetch_bigbench(root, done, quiet)
+
+
+def _fetch_bigbench(root: Path, done: Path, quiet: bool) -> Path:
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root.parent) as tmp:
         if not quiet:
