@@ -237,8 +237,9 @@ def main(argv=None) -> None:
 
     from peak import cpu_name, matmul_rate, torch_matmul_rate
 
-    peak = {dtype: matmul_rate(dtype=dtype) / 1e9 for dtype in ("float32", "bfloat16")}  # GFLOP/s
-    torch_peak = {dtype: torch_matmul_rate(dtype=dtype) / 1e9 for dtype in ("float32", "bfloat16")}
+    work = 2e9 if args.quick else 2e10  # FLOPs per timed try of the matmul rate
+    peak = {dtype: matmul_rate(dtype=dtype, work=work) / 1e9 for dtype in ("float32", "bfloat16")}  # GFLOP/s
+    torch_peak = {dtype: torch_matmul_rate(dtype=dtype, work=work) / 1e9 for dtype in ("float32", "bfloat16")}
     print(f"{cpu_name()}, {os.cpu_count()} cores: XLA matmul {peak['float32']:.0f} GFLOP/s float32, "
           f"{peak['bfloat16']:.0f} bfloat16; torch {torch_peak['float32']:.0f}, {torch_peak['bfloat16']:.0f}", flush=True)
     rows = []

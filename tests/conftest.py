@@ -76,3 +76,14 @@ def smollm2():
 @pytest.fixture(scope="session")
 def gemma3():
     return scorer_for("gemma3-270m")
+
+
+# The files that take longest start first: with two workers (pyproject's addopts, whole files each), one
+# of them started last would leave a worker running it alone at the end.
+LONGEST_FIRST = ["test_bench.py", "test_training.py", "test_lm_eval.py", "test_invariance.py", "test_sharding.py",
+                 "test_apx.py", "test_parity.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
