@@ -80,3 +80,11 @@ def test_lora_step_profile_script_small(tmp_path):
     what = {r["what"] for r in result["rows"]}
     assert {"forward: weight matmuls", "backward: weight matmuls"} <= what
     assert result["update_s"] > 0 and sum(r["seconds"] for r in result["rows"]) == pytest.approx(result["operations_s"], rel=1e-2)
+
+
+def test_attention_profile_script_small(tmp_path):
+    result = run(["bench/profile_attention.py", "--rows", "1024", "--repeats", "1"], tmp_path)
+    (row,) = result["rows"]
+    assert row["max_gap_blockwise_sdpa"] < 1e-5  # the peer's kernel computes the same attention
+    assert row["live_tiles_per_layer"] == 3 and all(v > 0 for v in row["tile"].values())
+    assert 0 < row["attention_blockwise_s"] and 0 < row["attention_share_of_forward"] < 1

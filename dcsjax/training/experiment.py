@@ -71,6 +71,24 @@ def run_dir(out: Path, adapter: str, arm: str, seed: int, t: float | None) -> Pa
     return (where if t is None else where / f"t{t:g}") / f"{arm}-seed{seed}"
 
 
+def run_logits(c, result: dict, embedding, features, folder: Path, split: str) -> np.ndarray:
+    """A finished run's logits on a split, [N, K], kept in its folder per item for any later analysis.
+    They are read back instead of recomputed (a forward pass over the split, through every block with
+    LoRA: minutes per run when a rerun resumes finished runs) only when made by the same code from the same
+    best step of the same run (its settings are fixed by the folder's config.json)."""
+    from dcsjax.results import code_version
+
+    path, meta = folder / f"{split}_logits.npy", folder / f"{split}_logits.json"
+    key = {"code": code_version(), "steps": result["steps"], "best_step": result["best_step"],
+           "best_score": result["best_score"], "items": len(features)}
+    if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == key:
+        return np.load(path)
+    logits = predict_logits(c, result["best"], embedding, features)
+    np.save(path, logits)
+    meta.write_text(json.dumps(key))
+    return logits
+
+
 def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs/abstain", *,
                    tasks: Sequence[str] = DEFAULT_TASKS, per_task: int | None = None,
                    arms: Sequence[str] = ("ce", "dcs+ce"), thresholds: Sequence[float] = THRESHOLDS,
@@ -142,11 +160,8 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
                 folder = run_dir(out, adapter, arm, seed, t)
                 result = train(scorer.model, f["train"], f["dev"], cfg, folder, k, progress=progress, log=_log,
                                mesh=mesh)
-                dists = {}
-                for split in ("dev", "test"):
-                    logits = predict_logits(c, result["best"], embedding, f[split])
-                    np.save(folder / f"{split}_logits.npy", logits)  # per item, for any later analysis
-                    dists[split] = distributions(logits, f[split])
+                dists = {split: distributions(run_logits(c, result, embedding, f[split], folder, split), f[split])
+                         for split in ("dev", "test")}
                 models.setdefault((adapter, arm, t), []).append(dists)
                 histories.setdefault(f"{adapter} {arm}" + ("" if t is None else f" t={t:g}"), []).append(result["history"])
                 per_run.append({"adapter": adapter, "arm": arm, "t": t, "seed": seed, "best_step": result["best_step"],

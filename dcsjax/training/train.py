@@ -303,8 +303,6 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
         base, params, embedding = on_mesh(mesh, c, base, params, embedding)
     optimizer = optimizer_for(cfg)
     opt_state = optimizer.init(params)
-    start_logits = (predict_logits(c, base, embedding, train_set) if cfg.gamma else  # for the KL term
-                    np.zeros(train_set.letters.shape, np.float32))
     state = {"params": params, "opt_state": opt_state, "best": params}
     meta = {"step": 0, "best_score": -float("inf"), "best_step": 0, "stale": 0, "history": [], "stopped": False}
 
@@ -316,6 +314,12 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
         state, meta = restored.state, restored.meta
         log(f"{run_dir.name}: resumed at step {meta['step']}")
 
+    last_step = min(cfg.steps, until or cfg.steps)
+    # the starting model's logits on every training item, for the KL term: a forward pass over the whole
+    # training split (through every block with LoRA), so only when there are steps left to take
+    to_train = meta["step"] < last_step and not meta["stopped"]
+    start_logits = (predict_logits(c, base, embedding, train_set) if cfg.gamma and to_train else
+                    np.zeros(train_set.letters.shape, np.float32))
     clock = [time.time()]
 
     def checkpoint():
@@ -353,7 +357,7 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
     if not meta["history"]:
         dev_eval()  # the starting point
         checkpoint()
-    while meta["step"] < min(cfg.steps, until or cfg.steps) and not meta["stopped"]:
+    while meta["step"] < last_step and not meta["stopped"]:
         idx = batch_indices(cfg.seed, meta["step"], cfg.accumulate, cfg.batch_size, len(train_set))
         t = cut_length(train_set.length[idx], train_set.hidden.shape[1])
         batch = (train_set.hidden[idx, :t], *(np.asarray(x)[idx] for x in (
