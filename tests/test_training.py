@@ -194,8 +194,8 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
         assert (out / name).stat().st_size > 0
     assert results["exported"]["adapter"] == "lora" and results["exported"]["threshold"] == 0.5
 
-    # a rerun resumes every finished run and scores only the starting model again: each run's dev and test
-    # logits are read back, and no run computes its starting logits for the KL term
+    # a rerun resumes every finished run and scores nothing again: the starting model's and each run's dev
+    # and test logits are read back, and no run computes its starting logits for the KL term
     import dcsjax.training.experiment as experiment
     import dcsjax.training.train as training
 
@@ -203,9 +203,9 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
     monkeypatch.setattr(experiment, "predict_logits", lambda *a, **k: scored.append(1) or predict_logits(*a, **k))
     monkeypatch.setattr(training, "predict_logits", lambda *a, **k: pytest.fail("a finished run computed logits"))
     again = run_experiment(SMOL, out, tasks=("hindu_knowledge", "known_unknowns"), per_task=14, thresholds=(0.5, 0.75),
-                           seeds=(0,), adapters=("top", "lora"), lora_layers=2, base=cfg, export_adapter="lora",
-                           n_boot=50, progress=False)
-    assert len(scored) == 2 and again["by_threshold"] == results["by_threshold"]
+                           seeds=(0,), adapters=("top", "lora"), lora_layers=2, base=cfg, export_threshold=None,
+                           n_boot=50, progress=False)  # the model is exported already
+    assert not scored and again["by_threshold"] == results["by_threshold"]
     monkeypatch.undo()
 
     # the loss on the training items falls from the starting model to the exported (LoRA merged) one

@@ -71,20 +71,18 @@ def run_dir(out: Path, adapter: str, arm: str, seed: int, t: float | None) -> Pa
     return (where if t is None else where / f"t{t:g}") / f"{arm}-seed{seed}"
 
 
-def run_logits(c, result: dict, embedding, features, folder: Path, split: str) -> np.ndarray:
-    """A finished run's logits on a split, [N, K], kept in its folder per item for any later analysis.
-    They are read back instead of recomputed (a forward pass over the split, through every block with
-    LoRA: minutes per run when a rerun resumes finished runs) only when made by the same code from the same
-    best step of the same run (its settings are fixed by the folder's config.json)."""
+def cached_logits(path: Path, key: dict, compute) -> np.ndarray:
+    """Logits [N, K] kept at `path` (.npy, per item, for any later analysis) with what made them (.json):
+    read back instead of recomputed (a forward pass over a split, through every block with LoRA: minutes
+    per model when a rerun resumes finished runs) only when the key, the code version included, is the same."""
     from dcsjax.results import code_version
 
-    path, meta = folder / f"{split}_logits.npy", folder / f"{split}_logits.json"
-    key = {"code": code_version(), "steps": result["steps"], "best_step": result["best_step"],
-           "best_score": result["best_score"], "items": len(features)}
-    if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == key:
-        return np.load(path)
-    logits = predict_logits(c, result["best"], embedding, features)
-    np.save(path, logits)
+    data, meta = path.with_suffix(".npy"), path.with_suffix(".json")
+    key = {"code": code_version(), **key}
+    if data.is_file() and meta.is_file() and json.loads(meta.read_text()) == key:
+        return np.load(data)
+    logits = compute()
+    np.save(data, logits)
     meta.write_text(json.dumps(key))
     return logits
 
@@ -137,7 +135,10 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     trained = set(depth[a] for a in adapters)
     features = {k: features_at(k, SPLITS if k in trained else ("dev", "test")) for k in sorted(trained | {top_layers})}
     start = top_params(scorer.model, top_layers)
-    start_dists = {s: distributions(predict_logits(c, start, embedding, features[top_layers][s]),
+    start_folder = out / "features" / f"top{top_layers}"
+    start_dists = {s: distributions(cached_logits(start_folder / f"start_{s}_logits",
+                                                  {"features": json.loads((start_folder / f"{s}.json").read_text())},
+                                                  lambda: predict_logits(c, start, embedding, features[top_layers][s])),
                                     features[top_layers][s]) for s in ("dev", "test")}
 
     # every trained model: (adapter, arm, t or None) -> per seed {"dev", "test"} distributions
@@ -160,8 +161,11 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
                 folder = run_dir(out, adapter, arm, seed, t)
                 result = train(scorer.model, f["train"], f["dev"], cfg, folder, k, progress=progress, log=_log,
                                mesh=mesh)
-                dists = {split: distributions(run_logits(c, result, embedding, f[split], folder, split), f[split])
-                         for split in ("dev", "test")}
+                # a run folder's settings are fixed (its config.json): the same best step is the same model
+                run_key = {"steps": result["steps"], "best_step": result["best_step"], "best_score": result["best_score"]}
+                dists = {split: distributions(cached_logits(folder / f"{split}_logits", run_key | {"items": len(f[split])},
+                                                            lambda: predict_logits(c, result["best"], embedding, f[split])),
+                                              f[split]) for split in ("dev", "test")}
                 models.setdefault((adapter, arm, t), []).append(dists)
                 histories.setdefault(f"{adapter} {arm}" + ("" if t is None else f" t={t:g}"), []).append(result["history"])
                 per_run.append({"adapter": adapter, "arm": arm, "t": t, "seed": seed, "best_step": result["best_step"],
