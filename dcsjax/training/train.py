@@ -52,13 +52,13 @@ from dcsjax.training.loss import dcs_loss, option_ce
 
 ARMS = ("ce", "dcs", "dcs+ce")
 ADAPTERS = ("top", "lora")
-# LoRA's projections: name -> how many leading (after `layers`) axes are its input (o: heads x head_dim)
 # Blocks under `jax.checkpoint` in the training step: the backward pass recomputes each block's forward
 # from its input instead of keeping every block's activations. A LoRA step over all 30 SmolLM2 blocks on
-# 16 prompts of 192 tokens: 7.6 GB of XLA temporaries without, 0.9 GB with, 18.1 against 18.4 s per
-# update (XLA's memory analysis, 2 cores): the backward's matmuls dominate, the recomputed forward adds little.
+# 16 prompts of 192 tokens (XLA's memory analysis; 2 cores): 7.6 GB of temporaries and 18.1 s per update
+# without, 0.9 GB and 18.4 s with: the backward's matmuls dominate, the recomputed forward adds little.
 REMAT_BLOCKS = True
 
+# LoRA's projections: name -> how many leading (after `layers`) axes are its input (o: heads x head_dim)
 LORA_PROJECTIONS = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1}
 
 
