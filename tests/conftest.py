@@ -80,8 +80,6 @@ def gemma3():
 
 # The files that take longest start first: with two workers (pyproject's addopts, whole files each), one
 # of them started last would leave a worker running it alone at the end.
-# test_sharding first: its 8-device subprocess peaks near 11 GB, so it starts while its worker holds no model yet
-# (it was OOM-killed on a 24 GB host when it started beside two workers of 6.4 GB each)
 LONGEST_FIRST = ["test_sharding.py", "test_bench.py", "test_training.py", "test_lm_eval.py", "test_invariance.py",
                  "test_apx.py", "test_parity.py"]
 

@@ -1,6 +1,7 @@
 """Run by tests/test_sharding.py in a process of its own with 8 simulated CPU devices (JAX_NUM_CPU_DEVICES=8):
 scores on 2x4 and 8x1 meshes against one device, for both real models; prints one JSON line per model."""
 
+import gc
 import json
 import re
 import sys
@@ -86,6 +87,8 @@ def main(names):
             if mesh == "2x4":
                 result[mesh]["control_gathered"] = [s for s in naive_all_gathers(scorer) if any(d >= vocab // 2 for d in s)]
             del scorer
+            jax.clear_caches()  # one mesh's replicated weights and programs at a time: the lower peak
+            gc.collect()
         result["vocab"] = vocab
         if name == names[0] and not options:
             result["eval"] = eval_on_mesh(name)
