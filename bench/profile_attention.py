@@ -85,13 +85,7 @@ def profile(scorer, t: int, repeats: int) -> dict:
         with torch.inference_mode():
             return sdpa(qt, kt, vt, is_causal=True, scale=c.attn_scale)
 
-    peer()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        peer()
-        times.append(time.perf_counter() - start)
-    torch_s = float(np.median(times))
+    torch_s = median_seconds(peer, repeats, wait=lambda x: x)
     # the two compute the same thing: their outputs agree to float32 rounding (checked, reported)
     gap = float(np.abs(np.asarray(tiled(q, k, v, parts)).reshape(1, t, n * g, kd)
                        - peer().transpose(1, 2).numpy()).max())

@@ -31,12 +31,14 @@ import jax.numpy as jnp  # noqa: E402
 MATMULS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
-def median_seconds(fn, repeats: int) -> float:
-    jax.block_until_ready(fn())  # compiles
+def median_seconds(fn, repeats: int, wait=jax.block_until_ready) -> float:
+    """Median wall time of `fn()` after one untimed call (it compiles); `wait` blocks until the result is
+    ready (jax dispatches asynchronously; torch on CPU returns finished tensors: `wait=lambda x: x`)."""
+    wait(fn())
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        jax.block_until_ready(fn())
+        wait(fn())
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -105,16 +107,8 @@ def torch_matmuls(c, m: int, dtype: str, repeats: int, chunk: int) -> tuple[floa
         with torch.inference_mode():
             return [float((x0 @ w).float().max()) for w in head]
 
-    def median(fn):
-        fn()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    return median(blocks), median(output_head)
+    return (median_seconds(blocks, repeats, wait=lambda x: x),
+            median_seconds(output_head, repeats, wait=lambda x: x))
 
 
 def profile(model: str, dtype: str, n: int, batch_size: int, repeats: int) -> dict:
