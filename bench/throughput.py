@@ -136,7 +136,8 @@ class Peer:
 
 
 # ------------------------------------------------------------------------------------------ the run
-def bench_model(name: str, quick: bool, peak: dict, workloads=("statements", "long", "options")) -> list[dict]:
+def bench_model(name: str, quick: bool, peak: dict, workloads=("statements", "long", "options"),
+                dtypes=("float32", "bfloat16")) -> list[dict]:
     import dcsjax
 
     rows = []
@@ -169,7 +170,7 @@ def bench_model(name: str, quick: bool, peak: dict, workloads=("statements", "lo
         tokens = sum(len(x) - 1 for x in data_ids)
         ctx = context_of(data_ids)
         f32 = None
-        for dtype in ("float32", "bfloat16"):
+        for dtype in dtypes:
             if dtype not in scorers:
                 scorers[dtype] = dcsjax.load(name, dtype=dtype)
             s = scorers[dtype]
@@ -231,8 +232,11 @@ def main(argv=None) -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--quick", action="store_true", help="a small grid, to check the script runs")
     parser.add_argument("--workloads", default="statements,long,options", help="which of statements, long, options")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="float32 (the reference) and/or bfloat16")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args(argv)
+    if args.dtypes.split(",")[0] != "float32" or not set(args.dtypes.split(",")) <= {"float32", "bfloat16"}:
+        parser.error("--dtypes: float32 first (the bfloat16 rows are compared with it), then optionally bfloat16")
     import jax
 
     from peak import cpu_name, matmul_rate, torch_matmul_rate
@@ -245,7 +249,7 @@ def main(argv=None) -> None:
     rows = []
     for name in args.models.split(","):
         print(name, flush=True)
-        rows += bench_model(name, args.quick, peak, args.workloads.split(","))
+        rows += bench_model(name, args.quick, peak, args.workloads.split(","), args.dtypes.split(","))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"throughput-{time.strftime('%Y%m%d-%H%M%S')}.json"

@@ -1,5 +1,7 @@
 """Run by tests/test_sharding.py in a process of its own with 8 simulated CPU devices (JAX_NUM_CPU_DEVICES=8):
-scores on 2x4 and 8x1 meshes against one device, for both real models; prints one JSON line per model."""
+scores on 2x4 and 8x1 meshes against one device, for both real models; prints one JSON line per model.
+
+Arguments: models, each `NAME` (both meshes) or `NAME@MESH` (that mesh only)."""
 
 import gc
 import json
@@ -65,7 +67,8 @@ def eval_on_mesh(name) -> dict:
 def main(names):
     from pathlib import Path
 
-    for name in names:
+    for argument in names:
+        name, _, only = argument.partition("@")
         # a tiny checkpoint directory (test_architectures.py) carries SmolLM2's tokenizer, which adds no BOS
         options = {"document_start": "<|endoftext|>"} if Path(name).is_dir() else {}
         single = dcsjax.load(name, batch_size=8, **options)
@@ -73,7 +76,7 @@ def main(names):
         vocab = single.config.vocab_size
         del single
         result = {"model": name, "devices": jax.device_count()}
-        for mesh in ("2x4", "8x1"):
+        for mesh in (only,) if only else ("2x4", "8x1"):
             scorer = dcsjax.load(name, batch_size=8, mesh=mesh, **options)
             got = scorer.token_logprobs(TEXTS)
             embed = scorer.model.embed[...]

@@ -1,5 +1,5 @@
-"""dcsjax as an lm-evaluation-harness backend, against lm-eval's own hf backend (transformers + torch reading
-the same GGUF file, float32), through lm-eval's own evaluator.
+"""dcsjax as an lm-evaluation-harness backend, against lm-eval's own hf backend (HFLM on transformers +
+torch's float32 model of the same GGUF file), through lm-eval's own evaluator.
 
 Three task configs kept in tests/lm_eval_tasks/ (multiple_choice, loglikelihood_rolling, generate_until, each
 over a local data file) and one of lm-eval's packaged configs (arc_easy, its own YAML included unchanged but
@@ -37,20 +37,26 @@ def _evaluate(backend: str, model_name: str, tasks: list[str], include: Path = T
     """lm-eval's simple_evaluate with per-sample logs; one run per backend, model and task set."""
     from lm_eval.tasks import TaskManager
 
-    from conftest import scorer_for
+    from conftest import reference_for, scorer_for
     from dcsjax.fetch import fetch_model
     from dcsjax.harness import DcsjaxLM
 
     key = (backend, model_name, tuple(tasks), str(include))
     if key not in _runs:
         if backend == "dcsjax":
-            model, args = DcsjaxLM(pretrained=scorer_for(model_name), max_length=MAX_LENGTH), None
+            model = DcsjaxLM(pretrained=scorer_for(model_name), max_length=MAX_LENGTH)
         else:
+            # lm-eval's HFLM given transformers' float32 model of the GGUF file (conftest.reference_for, read
+            # once per worker from its cached copy) and transformers' tokenizer of that file
+            from lm_eval.models.huggingface import HFLM
+            from transformers import AutoTokenizer
+
             path = fetch_model(model_name)
-            model, args = "hf", {"pretrained": str(path.parent), "gguf_file": path.name, "dtype": "float32",
-                                 "max_length": MAX_LENGTH}
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = HFLM(pretrained=reference_for(model_name), tokenizer=tokenizer, max_length=MAX_LENGTH,
+                         batch_size=8, device="cpu")
         with contextlib.chdir(ROOT):  # the kept task configs name their data files from the repository root
-            _runs[key] = lm_eval.simple_evaluate(model=model, model_args=args, tasks=tasks, batch_size=8,
+            _runs[key] = lm_eval.simple_evaluate(model=model, tasks=tasks, batch_size=8,
                                                  device="cpu",
                                                  task_manager=TaskManager(include_path=str(include)),
                                                  log_samples=True)

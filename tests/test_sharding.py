@@ -1,5 +1,11 @@
-"""Sharded scoring: both real models on 2x4 and 8x1 meshes of 8 simulated CPU devices, in a process of
-their own, against one device; the rules table; and the vocabulary never gathered by the log-prob kernel."""
+"""Sharded scoring on meshes of 8 simulated CPU devices, in a process of their own, against one device:
+SmolLM2 on 2x4 and 8x1, Gemma 3 on 2x4; the rules table; and the vocabulary never gathered by the log-prob
+kernel.
+
+Gemma is not run on 8x1: that mesh splits only the batch and replicates every weight, which SmolLM2's 8x1
+case checks; Gemma's own parts (its 262k vocabulary split four ways, soft-capping, sliding windows) are
+sharded on 2x4. Its 8x1 case was the check's memory peak (11.8 GB, eight copies of the weights), which
+was OOM-killed beside the two test workers on a 24 GB host."""
 
 import json
 import os
@@ -17,8 +23,8 @@ from dcsjax.sharding import RULES, make_mesh, partition_spec
 def mesh_results():
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "JAX_PLATFORMS": "cpu"}
     script = Path(__file__).with_name("mesh_check.py")
-    # the subprocess peaks near 11 GB (Gemma replicated on 8 devices): this worker lets go of the models and
-    # compiled programs it holds first (it was OOM-killed beside two workers of 6.4 GB each on a 24 GB host)
+    # the subprocess holds a model replicated on 8 devices: this worker lets go of the models and compiled
+    # programs it holds first (with Gemma on 8x1 the check was OOM-killed beside two workers of 6.4 GB each)
     import gc
 
     import jax
@@ -29,7 +35,7 @@ def mesh_results():
     conftest._references.clear()
     jax.clear_caches()
     gc.collect()
-    out = subprocess.run([sys.executable, str(script), "smollm2-135m-instruct", "gemma3-270m"], env=env,
+    out = subprocess.run([sys.executable, str(script), "smollm2-135m-instruct", "gemma3-270m@2x4"], env=env,
                          capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
     results = {r["model"]: r for r in map(json.loads, out.stdout.strip().splitlines())}
@@ -42,11 +48,14 @@ def mesh_results():
 def test_mesh_scores_equal_one_device(mesh_results, model):
     r = mesh_results[model]
     assert r["devices"] == 8
-    for mesh in ("2x4", "8x1"):
+    meshes = ("2x4", "8x1") if model == "smollm2-135m-instruct" else ("2x4",)
+    for mesh in meshes:
         assert r[mesh]["max_diff"] < 1e-4, (mesh, r[mesh]["max_diff"])
     # 2x4: the vocabulary is split four ways, each device holding a quarter of the embedding rows
     assert r["2x4"]["embed_spec"] == "P('model', None)" and r["2x4"]["embed_shard_rows"] == r["vocab"] // 4
-    assert r["8x1"]["rows_per_batch_multiple_of_data"] == 8
+    assert r["2x4"]["rows_per_batch_multiple_of_data"] == 2
+    if "8x1" in meshes:
+        assert r["8x1"]["rows_per_batch_multiple_of_data"] == 8
 
 
 @pytest.mark.parametrize("model", ["smollm2-135m-instruct", "gemma3-270m"])
@@ -56,7 +65,7 @@ def test_vocabulary_split_is_never_gathered(mesh_results, model):
     device do not fall on 8,192-row chunk boundaries (Gemma's 65,536 do, so there the partitioner copes):
     the check can fail."""
     r = mesh_results[model]
-    assert r["2x4"]["gathered_vocab_sized"] == [] and r["8x1"]["gathered_vocab_sized"] == []
+    assert all(r[mesh]["gathered_vocab_sized"] == [] for mesh in ("2x4", "8x1") if mesh in r)
     if model == "smollm2-135m-instruct":
         assert r["2x4"]["control_gathered"], "the control should gather the vocabulary"
 
