@@ -80,3 +80,24 @@ def test_document_start_conditioning_matters_as_documented():
 
 def test_gemma_conditions_on_its_bos(gemma3):
     assert gemma3.document_start_id == gemma3.tokenizer.bos_token_id == 2
+
+
+def test_the_cached_reference_is_transformers_own_gguf_load():
+    """The reference the tests read (conftest.reference_dir, a safetensors copy written once) holds exactly
+    the tensors transformers' GGUF loader makes, tied the same way, with the same generation settings
+    (SmolLM2; the copy is written by the same code for every model)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from conftest import reference_for
+    from dcsjax.fetch import fetch_model
+
+    name = "smollm2-135m-instruct"
+    path = fetch_model(name)
+    direct = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    cached = reference_for(name)
+    a, b = cached.state_dict(), direct.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert cached.lm_head.weight.data_ptr() == cached.model.embed_tokens.weight.data_ptr()  # tied, as direct is
+    assert cached.config.to_diff_dict() | {"quantization_config": None} == direct.config.to_diff_dict() | {"quantization_config": None}
+    assert cached.generation_config.to_diff_dict() == direct.generation_config.to_diff_dict()
