@@ -51,7 +51,7 @@ def reference_for(name: str):
 def reference_dir(name: str) -> Path:
     """transformers' own float32 model of the model's GGUF file, written once as a safetensors directory in
     the cache and read from there after: transformers dequantises a GGUF file in Python (about 50 s for
-    Gemma 3 on 2 cores, against a few seconds for the directory), and every test worker and reload needs
+    Gemma 3 on 2 cores, against 0.4 s for the directory), and every test worker and reload needs
     it. The tensors are the ones transformers' GGUF loader made, untouched; the folder is named by the GGUF
     file's size and modification time and transformers' version, so another file or version writes its own."""
     import json
