@@ -116,13 +116,13 @@ def _load_gguf(path: Path, dtype, mesh, sha256: str | None):
     """(model, tokenizer, the file's SHA-256); a card's checksum was checked when it was fetched."""
     from dcsjax.fetch import sha256_file
 
-    reader = open_gguf(path)
+    file = open_gguf(path)
     sha256 = sha256 or sha256_file(path)
-    meta = gguf_metadata(reader)
-    config = config_from_gguf(meta, gguf_vocab_size(reader), source=str(path))
-    model = build_decoder(config, gguf_tensors(reader, config.architecture, config.num_heads,
+    meta = gguf_metadata(file)
+    config = config_from_gguf(meta, gguf_vocab_size(file), source=str(path))
+    model = build_decoder(config, gguf_tensors(file, config.architecture, config.num_heads,
                                                config.num_kv_heads, str(path)), str(path), dtype, mesh)
-    return model, gguf_tokenizer(path, reader, sha256), sha256
+    return model, gguf_tokenizer(path, file, sha256), sha256
 
 
 def _load_hf_dir(path: Path, dtype, mesh=None):

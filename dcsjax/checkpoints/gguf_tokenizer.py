@@ -2,8 +2,8 @@
 
 transformers' `AutoTokenizer.from_pretrained(dir, gguf_file=...)` reads the metadata with a reader that
 imports torch, which only the test extra installs. The conversion itself (vocabulary, merges, special
-tokens, pre-tokenizer, chat template) needs only `tokenizers`, so the metadata is read here with the
-`gguf` package and handed to transformers' converter: the same tokenizer, token for token
+tokens, pre-tokenizer, chat template) needs only `tokenizers`, so the metadata is read here
+(`gguf_file.read_gguf`) and handed to transformers' converter: the same tokenizer, token for token
 (`tests/test_tokenizer.py` compares the two on both real models).
 
 Gemma 3's 262k-token vocabulary takes about 13 s to convert, so the result is kept under the cache,
@@ -22,14 +22,13 @@ from dcsjax.errors import CheckpointError
 from dcsjax.paths import cache_dir
 
 
-def gguf_tokenizer_parts(reader, source: str) -> tuple[str, dict, dict]:
+def gguf_tokenizer_parts(file, source: str) -> tuple[str, dict, dict]:
     """(architecture, tokenizer dict, tokenizer config) as transformers' GGUF converter takes them."""
     from transformers.integrations.gguf.gguf_tokenizer_mapping import _SPECIAL_TOKENS, GGUF_TOKENIZER_MAPPING
 
-    fields = reader.fields
-    if "tokenizer.ggml.tokens" not in fields:
+    if "tokenizer.ggml.tokens" not in file.metadata:
         raise CheckpointError(f"{source}: the GGUF file holds no tokenizer (no tokenizer.ggml.tokens)")
-    meta = {key: field.contents() for key, field in fields.items()
+    meta = {key: value for key, value in file.metadata.items()
             if key.startswith("tokenizer.") or key == "general.architecture"}
     grouped = {group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
                for group, renames in GGUF_TOKENIZER_MAPPING.items()}
@@ -43,12 +42,12 @@ def gguf_tokenizer_parts(reader, source: str) -> tuple[str, dict, dict]:
     return meta["general.architecture"], tokenizer, config
 
 
-def build_gguf_tokenizer(reader, source: str):
+def build_gguf_tokenizer(file, source: str):
     """A transformers fast tokenizer from the GGUF metadata (no torch, no cache)."""
     from transformers import PreTrainedTokenizerFast
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
 
-    architecture, tokenizer_dict, config = gguf_tokenizer_parts(reader, source)
+    architecture, tokenizer_dict, config = gguf_tokenizer_parts(file, source)
     try:
         backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
     except ValueError as err:
@@ -56,11 +55,11 @@ def build_gguf_tokenizer(reader, source: str):
     return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
 
 
-def gguf_tokenizer(path: Path, reader, sha256: str):
+def gguf_tokenizer(path: Path, file, sha256: str):
     """The file's tokenizer, from the cache when a sound copy for this checksum is there."""
     from transformers import PreTrainedTokenizerFast
 
-    vocab_size = len(reader.fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in reader.fields else None
+    vocab_size = len(file.metadata.get("tokenizer.ggml.tokens", ()))
     saved = cache_dir() / "tokenizers" / sha256[:24]
     if saved.is_dir():
         try:
@@ -73,7 +72,7 @@ def gguf_tokenizer(path: Path, reader, sha256: str):
         warnings.warn(f"{saved}: the cached tokenizer of {path.name} is unusable ({problem}); rebuilding it",
                       stacklevel=2)
         shutil.rmtree(saved, ignore_errors=True)
-    tokenizer = build_gguf_tokenizer(reader, str(path))
+    tokenizer = build_gguf_tokenizer(file, str(path))
     saved.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=saved.parent))
     tokenizer.save_pretrained(tmp)
