@@ -27,6 +27,7 @@ PASSAGE = (Path(__file__).parent / "data" / "passage.txt").read_text()
 
 _scorers: dict = {}
 _references: dict = {}
+_reference_tokenizers: dict = {}
 
 
 def scorer_for(name: str):
@@ -84,6 +85,32 @@ def reference_dir(name: str) -> Path:
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def reference_tokenizer(name: str):
+    """transformers' own tokenizer of the model's GGUF file, kept like `reference_dir`: building it parses
+    the file with `gguf.GGUFReader` and converts the vocabulary (about 30 s for Gemma 3, 5 s for SmolLM2),
+    and the HF-directory, lm-eval and architecture tests each need it. `tests/test_tokenizer.py` checks
+    the kept copy against a fresh build."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from dcsjax.fetch import fetch_model
+
+    if name not in _reference_tokenizers:
+        path = fetch_model(name)
+        folder = reference_dir(name).with_name(reference_dir(name).name + "-tokenizer")
+        if not (folder / "tokenizer_config.json").is_file():
+            tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(tmp)
+            try:
+                tmp.rename(folder)  # whole or absent, as in reference_dir
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)
+        _reference_tokenizers[name] = AutoTokenizer.from_pretrained(folder)
+    return _reference_tokenizers[name]
 
 
 def reference_logprobs(name: str, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:

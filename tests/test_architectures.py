@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 
 import dcsjax
-from conftest import PASSAGE
+from conftest import PASSAGE, reference_tokenizer
 from dcsjax.errors import ConfigError
-from dcsjax.fetch import fetch_model
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False)
@@ -50,7 +49,7 @@ def write_tiny(family: str, directory, dtype=None):
     """A random-weight checkpoint of `family`, written by transformers, with SmolLM2's tokenizer."""
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     class_name, extra = FAMILIES[family]
     base = FALCON_TINY if class_name == "FalconConfig" else TINY
@@ -65,8 +64,7 @@ def write_tiny(family: str, directory, dtype=None):
             else:
                 p.normal_(0.0, 0.2 if p.ndim > 1 else 0.1)
     model.to(dtype or torch.float32).save_pretrained(directory)
-    path = fetch_model("smollm2-135m-instruct")
-    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(directory)
+    reference_tokenizer("smollm2-135m-instruct").save_pretrained(directory)  # transformers' GGUF tokenizer
     if dtype is not None:  # the reference reads the saved weights back (RoPE tables are not in the file)
         return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager").eval()
     return model.eval()

@@ -5,9 +5,8 @@ import numpy as np
 import pytest
 
 import dcsjax
-from conftest import PASSAGE, reference_for, scorer_for
+from conftest import PASSAGE, reference_for, reference_tokenizer, scorer_for
 from dcsjax.errors import CheckpointError
-from dcsjax.fetch import fetch_model
 
 
 def save_hf_dir(name, directory, dtype=None):
@@ -19,10 +18,8 @@ def save_hf_dir(name, directory, dtype=None):
 
     import torch
     from safetensors.torch import save_file
-    from transformers import AutoTokenizer
 
     model = reference_for(name)
-    path = fetch_model(name)
     directory.mkdir(parents=True)
     config = model.config.to_dict()
     config.pop("quantization_config", None)
@@ -31,7 +28,7 @@ def save_hf_dir(name, directory, dtype=None):
     names = sorted(tensors)
     for shard, part in enumerate([names[: len(names) // 2], names[len(names) // 2:]]):
         save_file({k: tensors[k] for k in part}, str(directory / f"model-{shard:05d}.safetensors"))
-    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(directory)
+    reference_tokenizer(name).save_pretrained(directory)  # transformers' tokenizer of the GGUF file
     return directory
 
 

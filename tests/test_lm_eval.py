@@ -37,8 +37,7 @@ def _evaluate(backend: str, model_name: str, tasks: list[str], include: Path = T
     """lm-eval's simple_evaluate with per-sample logs; one run per backend, model and task set."""
     from lm_eval.tasks import TaskManager
 
-    from conftest import reference_for, scorer_for
-    from dcsjax.fetch import fetch_model
+    from conftest import reference_for, reference_tokenizer, scorer_for
     from dcsjax.harness import DcsjaxLM
 
     key = (backend, model_name, tuple(tasks), str(include))
@@ -46,14 +45,11 @@ def _evaluate(backend: str, model_name: str, tasks: list[str], include: Path = T
         if backend == "dcsjax":
             model = DcsjaxLM(pretrained=scorer_for(model_name), max_length=MAX_LENGTH)
         else:
-            # lm-eval's HFLM given transformers' float32 model of the GGUF file (conftest.reference_for, read
-            # once per worker from its cached copy) and transformers' tokenizer of that file
+            # lm-eval's HFLM given transformers' float32 model of the GGUF file and transformers' tokenizer of
+            # that file (conftest.reference_for and reference_tokenizer, read from their cached copies)
             from lm_eval.models.huggingface import HFLM
-            from transformers import AutoTokenizer
 
-            path = fetch_model(model_name)
-            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            model = HFLM(pretrained=reference_for(model_name), tokenizer=tokenizer, max_length=MAX_LENGTH,
+            model = HFLM(pretrained=reference_for(model_name), tokenizer=reference_tokenizer(model_name), max_length=MAX_LENGTH,
                          batch_size=8, device="cpu")
         with contextlib.chdir(ROOT):  # the kept task configs name their data files from the repository root
             _runs[key] = lm_eval.simple_evaluate(model=model, tasks=tasks, batch_size=8,

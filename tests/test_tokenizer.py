@@ -1,5 +1,5 @@
 """The GGUF tokenizer dcsjax builds without torch equals transformers' own GGUF tokenizer (which reads the
-file with torch), token for token, on both real models."""
+file with torch), token for token, on both real models; so does the tests' kept copy of transformers' own."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import textwrap
 import pytest
 from transformers import AutoTokenizer
 
-from conftest import PASSAGE
+from conftest import PASSAGE, reference_tokenizer
 from dcsjax.checkpoints.gguf_file import open_gguf
 from dcsjax.checkpoints.gguf_tokenizer import build_gguf_tokenizer
 from dcsjax.data.bigbench import bigbench_items
@@ -30,23 +30,24 @@ def texts() -> list[str]:
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma3-270m"])
 def test_torch_free_tokenizer_equals_transformers_own(name):
     path = fetch_model(name)
-    ours = build_gguf_tokenizer(open_gguf(path), str(path))
     theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    assert len(ours) == len(theirs)
-    assert [getattr(ours, k) for k in SPECIAL] == [getattr(theirs, k) for k in SPECIAL]
-    for text in texts():
-        for special in (True, False):
-            got = ours(text, add_special_tokens=special, return_offsets_mapping=True)
-            want = theirs(text, add_special_tokens=special, return_offsets_mapping=True)
-            assert got["input_ids"] == want["input_ids"], (text[:60], special)
-            assert got["offset_mapping"] == want["offset_mapping"], (text[:60], special)
-        ids = want["input_ids"]
-        assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True)
-    assert ours.chat_template == theirs.chat_template
-    if theirs.chat_template:
-        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
-        assert ours.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
-            theirs.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    # ours, and the tests' kept copy of transformers' own (conftest.reference_tokenizer), read back
+    for ours in (build_gguf_tokenizer(open_gguf(path), str(path)), reference_tokenizer(name)):
+        assert len(ours) == len(theirs)
+        assert [getattr(ours, k) for k in SPECIAL] == [getattr(theirs, k) for k in SPECIAL]
+        for text in texts():
+            for special in (True, False):
+                got = ours(text, add_special_tokens=special, return_offsets_mapping=True)
+                want = theirs(text, add_special_tokens=special, return_offsets_mapping=True)
+                assert got["input_ids"] == want["input_ids"], (text[:60], special)
+                assert got["offset_mapping"] == want["offset_mapping"], (text[:60], special)
+            ids = want["input_ids"]
+            assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True)
+        assert ours.chat_template == theirs.chat_template
+        if theirs.chat_template:
+            messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
+            assert ours.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
+                theirs.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
 def test_loading_needs_no_torch(tmp_path):
