@@ -371,10 +371,10 @@ def test_accumulated_micro_batches_make_the_same_update_as_one_batch(small_featu
 
 
 def test_the_training_step_on_a_mesh_equals_one_device():
-    """The same `train` on 2x4 and 8x1 meshes of 8 simulated CPU devices (batch over `data`, heads, MLP
-    width and vocabulary over `model`) as on one device, both adapters, 4 updates that move the weights:
-    parameters, training losses and dev scores within 1e-5 (a process of its own: the device count is
-    fixed when jax starts)."""
+    """The same `train` on meshes of 8 simulated CPU devices (batch over `data`, heads, MLP width and
+    vocabulary over `model`) as on one device, 4 updates that move the weights: the top adapter on 2x4 and
+    8x1, LoRA on 2x4 (mesh_training_check.py says why); parameters, training losses and dev scores within
+    1e-5 (a process of its own: the device count is fixed when jax starts)."""
     import os
     import subprocess
     import sys
@@ -387,9 +387,9 @@ def test_the_training_step_on_a_mesh_equals_one_device():
     result = json.loads(out.stdout.strip().splitlines()[-1])
     print(json.dumps(result))
     assert result["devices"] == 8
-    for adapter in ("top", "lora"):
+    for adapter, meshes in (("top", ("2x4", "8x1")), ("lora", ("2x4",))):
         r = result[adapter]
         assert r["moved"] > 1e-3  # the updates did move the weights, far beyond the tolerance
-        for mesh in ("2x4", "8x1"):
+        for mesh in meshes:
             assert r[mesh]["param_diff"] < 1e-5 and r[mesh]["dev_score_diff"] < 1e-5 and r[mesh]["loss_diff"] < 1e-5, r
         assert r["2x4"]["up_sharding"] == "P(None, None, 'model')"  # the MLP width split four ways
