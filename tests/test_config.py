@@ -3,10 +3,9 @@ off the files; attributes the decoder does not implement raise instead of being 
 
 import pytest
 
-from conftest import scorer_for
+from conftest import reference_dir, scorer_for
 from dcsjax.checkpoints.assemble import param_count
 from dcsjax.errors import ConfigError
-from dcsjax.fetch import fetch_model
 from dcsjax.nn.config import config_from_gguf, config_from_hf
 
 FACTS = {
@@ -20,10 +19,11 @@ FACTS = {
 
 
 def hf_config_dict(name: str) -> dict:
+    """transformers' config of the GGUF file, from the tests' kept copy of its GGUF load (conftest.reference_dir:
+    reading the file's metadata through transformers takes about 15 s for Gemma 3)."""
     from transformers import AutoConfig
 
-    path = fetch_model(name)
-    return AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
+    return AutoConfig.from_pretrained(reference_dir(name)).to_dict()
 
 
 def test_gguf_config_has_the_facts_and_matches_transformers_config(model_name):
