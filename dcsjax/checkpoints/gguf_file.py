@@ -103,7 +103,7 @@ def unpermute_rotary(w: np.ndarray, heads: int) -> np.ndarray:
 
 # --- The file's header -------------------------------------------------------------------------------
 # `gguf.GGUFReader` builds a numpy view per array element, which for Gemma 3's 262k-token vocabulary
-# (tokens, scores, token types) took 15-25 s of every load on 2 cores. This reader keeps the same
+# (tokens, scores, token types) took 14 s of every load on 2 cores (this reader: 0.4 s). It keeps the same
 # layout rules (GGUF v2/v3, either byte order, `general.alignment`) and the same values, and reads each
 # numeric array in one `np.frombuffer`; `tests/test_gguf_file.py` checks it against `gguf.GGUFReader`
 # on both real files, key by key and tensor by tensor.
