@@ -99,8 +99,8 @@ def reference_tokenizer(name: str):
     from dcsjax.fetch import fetch_model
 
     if name not in _reference_tokenizers:
-        path = fetch_model(name)
-        folder = reference_dir(name).with_name(reference_dir(name).name + "-tokenizer")
+        path, model_folder = fetch_model(name), reference_dir(name)
+        folder = model_folder.with_name(model_folder.name + "-tokenizer")
         if not (folder / "tokenizer_config.json").is_file():
             tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
