@@ -101,8 +101,11 @@ def main() -> None:
                      "ratio_to_peer": round(peer_s / ours_s, 2),
                      "same_tokens": f"{same}/{len(prompts)}"})
         print(rows[-1], flush=True)
+    from dcsjax.results import environment
+
     record = {"model": args.model, "rows": rows, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "arguments": vars(args),
+              "environment": environment(), "torch": torch.__version__}
     out = Path(args.out) / f"generation-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))

@@ -114,8 +114,13 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"passages-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    import torch
+
+    from dcsjax.results import environment
+
     path.write_text(json.dumps({"device": jax.devices()[0].device_kind, "cpu": cpu_name(), "cores": os.cpu_count(),
-                                "matmul_gflops_float32": peak, "rows": rows},
+                                "matmul_gflops_float32": peak, "arguments": vars(args),
+                                "environment": environment(), "torch": torch.__version__, "rows": rows},
                                indent=1))
     print(f"\n{path}")
 

@@ -253,9 +253,14 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"throughput-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    import torch
+
+    from dcsjax.results import environment
+
     path.write_text(json.dumps({"matmul_gflops": peak, "torch_matmul_gflops": torch_peak, "cpu": cpu_name(),
-                                "device": jax.devices()[0].device_kind,
-                                "cores": os.cpu_count(), "rows": rows}, indent=1))
+                                "device": jax.devices()[0].device_kind, "cores": os.cpu_count(),
+                                "arguments": vars(args), "environment": environment(), "torch": torch.__version__,
+                                "rows": rows}, indent=1))
     print(f"\n{path}")
 
 

@@ -18,6 +18,13 @@ def run(args, tmp_path):
     return json.loads(path.read_text())
 
 
+def names_its_code(record):
+    """A bench record says what made it: the code (commit, source digest), the libraries and the arguments."""
+    env = record["environment"]
+    assert env["sources"] and env["jax"] and env["transformers"] and record["arguments"]
+    return True
+
+
 def test_throughput_script_quick(tmp_path):
     # not the long workload: it runs through the statements' loop, only on 256-token rows (minutes more here);
     # float32 only: bfloat16 takes the same loop with another dtype and a second pair of models (about a
@@ -25,7 +32,7 @@ def test_throughput_script_quick(tmp_path):
     # script's bfloat16-only lines (the gap to float32, the batch-size shift) run only in real bench runs.
     result = run(["bench/throughput.py", "--models", "smollm2-135m-instruct", "--quick", "--workloads",
                   "statements,options", "--dtypes", "float32"], tmp_path)
-    assert result["matmul_gflops"]["float32"] > 0
+    assert result["matmul_gflops"]["float32"] > 0 and names_its_code(result) and result["torch"]
     engines = {(r["workload"], r["engine"], r["dtype"]) for r in result["rows"]}
     assert ("statements", "dcsjax", "float32") in engines and ("statements", "peer", "float32") in engines
     assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in result["rows"])
@@ -53,6 +60,7 @@ def test_generation_script_quick(tmp_path):
     (row,) = result["rows"]
     assert row["workload"] == "apx" and row["dcsjax_tokens_per_s"] > 0 and row["peer_tokens_per_s"] > 0
     assert row["same_tokens"] == "8/8"  # greedy: the same tokens as transformers' generate
+    assert names_its_code(result) and result["torch"]
 
 
 def test_eval_end_to_end_script_quick(tmp_path):
@@ -66,6 +74,7 @@ def test_passages_script_quick(tmp_path):
     (row,) = result["rows"]
     assert row["blockwise"]["tokens_per_s"] > 0 and row["dense"]["tokens_per_s"] > 0
     assert row["max_gap_blockwise_dense"] < 1e-4 and row["max_gap_blockwise_peer"] < 1e-4
+    assert names_its_code(result) and result["torch"]
 
 
 def test_profile_script_quick(tmp_path):
