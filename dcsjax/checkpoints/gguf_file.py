@@ -133,8 +133,9 @@ class GGUFFile:
 class _Header:
     """A cursor over the file's bytes that refuses to read past the end."""
 
-    def __init__(self, data: np.ndarray, endian: str):
-        self.view, self.size, self.endian, self.pos = memoryview(data), data.size, endian, 0
+    def __init__(self, data: np.ndarray, endian: str, pos: int):
+        self.view, self.size, self.pos = memoryview(data), data.size, pos
+        self.endian, self._structs = endian, {}  # one struct.Struct per format code, compiled once
 
     def _need(self, n: int, what: str) -> int:
         if n < 0 or self.pos + n > self.size:
@@ -143,8 +144,8 @@ class _Header:
         return start
 
     def scalar(self, code: str, what: str):
-        start = self._need(struct.calcsize(code), what)
-        return struct.unpack_from(self.endian + code, self.view, start)[0]
+        layout = self._structs.get(code) or self._structs.setdefault(code, struct.Struct(self.endian + code))
+        return layout.unpack_from(self.view, self._need(layout.size, what))[0]
 
     def string(self, what: str) -> str:
         length = self.scalar("Q", what)
@@ -179,8 +180,7 @@ def read_gguf(path: str | Path) -> GGUFFile:
         raise ValueError("GGUF magic invalid")
     # A file written on a big-endian machine reads its version as 0x0N000000 here.
     endian = "<" if struct.unpack_from("<I", data, 4)[0] & 0xFFFF else ">"
-    header = _Header(data, endian)
-    header.pos = 4
+    header = _Header(data, endian, pos=4)  # past the magic
     version = header.scalar("I", "the version")
     if version not in (2, 3):
         raise ValueError(f"GGUF version {version} is not supported (2 and 3 are)")
