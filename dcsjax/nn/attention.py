@@ -146,6 +146,25 @@ def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, s
     return summed[..., :-1] / summed[..., -1:]
 
 
+def cached_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k: jax.Array, v: jax.Array,
+                     mask: jax.Array, scale: float, cap: float | None) -> jax.Array:
+    """One new query per row against a KV cache and its own key: q [B, 1, N, G, K], k_cache, v_cache
+    [B, S, N, K], k, v [B, 1, N, K] (the query's own), mask [B, 1, S] (the cache slots it sees; its own key it
+    always sees) -> [B, 1, N, G, K] float32.
+    The cache is only read, never rebuilt: a decode step writes its new slot once, for every layer, after the
+    layer scan. Writing it inside the layer (a `where` over the cache, then a ones column appended to V for the
+    denominator) copied each layer's cache three times per token, which was most of a long decode's time."""
+    past = softcap(jnp.einsum("btngk,bsnk->bngts", q, k_cache, preferred_element_type=F32) * scale, cap)
+    past = jnp.where(mask[:, None, None], past, MASKED)  # [B, N, G, 1, S]
+    own = softcap(jnp.einsum("btngk,btnk->bngt", q, k, preferred_element_type=F32) * scale, cap)[..., None]
+    top = jnp.maximum(past.max(axis=-1, keepdims=True), own)  # [B, N, G, 1, 1]
+    w_past, w_own = jnp.exp(past - top), jnp.exp(own - top)
+    summed = (jnp.einsum("bngts,bsnk->btngk", w_past, v_cache, preferred_element_type=F32)
+              + jnp.einsum("bngts,bsnk->btngk", w_own, v, preferred_element_type=F32))
+    total = (w_past.sum(axis=-1) + w_own[..., 0]).transpose(0, 3, 1, 2)[..., None]  # [B, 1, N, G, 1]
+    return summed / total
+
+
 def nonzero(total: jax.Array) -> jax.Array:
     """A softmax denominator, 1 where it is 0: a padding query whose tiles were all skipped gets 0, not NaN,
     so nothing downstream (a debugger's NaN check, a padding key's value) ever sees a NaN. A real query's

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dcsjax.nn.attention import NO_WINDOW, MaskParts, dense_attention, takes_blockwise, tiled_attention
+from dcsjax.nn.attention import (NO_WINDOW, MaskParts, cached_attention, dense_attention, takes_blockwise,
+                                  tiled_attention)
 from dcsjax.nn.config import DecoderConfig
 
 F32 = jnp.float32
@@ -142,22 +143,26 @@ class Decoder(nnx.Module):
     def decode_step(self, tokens: jax.Array, positions: jax.Array, cache_k: jax.Array, cache_v: jax.Array):
         """One new token per row with a KV cache: tokens, positions [B] (a row's next position is also the
         cache slot it writes); cache_k, cache_v [L, B, S, N, K] -> (hidden [B, D], cache_k, cache_v).
-        Slots past a row's position are masked, so a right-padded prefill's padding is never seen."""
+        Each layer reads its cache slice (scanned in, never carried) and attends over the slots before the row's
+        position plus its own new key, so a right-padded prefill's padding is never seen; the new keys and
+        values of all layers are written into their slots once, after the scan (one scatter, in place in the
+        decoding loop's carry)."""
         c = self.config
         x = self.embed_tokens(tokens[:, None])  # [B, 1, D]
         slots = jnp.arange(cache_k.shape[2])
-        glob = (slots[None, :] <= positions[:, None])[:, None, :]  # [B, 1, S]
+        glob = (slots[None, :] < positions[:, None])[:, None, :]  # [B, 1, S]
         local = glob & ((positions[:, None] - slots[None, :]) < (c.sliding_window or 1 << 30))[:, None, :]
         ropes = rope_tables(c, positions[:, None])
-        write = (slots[None, :] == positions[:, None])[:, :, None, None]  # [B, S, 1, 1]
 
         def block(x, layer):
             p, flags, k_cache, v_cache = layer
-            x, (k_cache, v_cache) = decoder_block(c, p, x, ropes.pick(flags), jnp.where(flags.local, local, glob),
-                                                  cache=(k_cache, v_cache, write))
-            return x, (k_cache, v_cache)
+            return decoder_block(c, p, x, ropes.pick(flags), jnp.where(flags.local, local, glob),
+                                 cache=(k_cache, v_cache))
 
-        x, (cache_k, cache_v) = jax.lax.scan(block, x, (self.layers.arrays(), layer_flags(c), cache_k, cache_v))
+        x, (new_k, new_v) = jax.lax.scan(block, x, (self.layers.arrays(), layer_flags(c), cache_k, cache_v))
+        rows = jnp.arange(tokens.shape[0])
+        cache_k = cache_k.at[:, rows, positions].set(new_k[:, :, 0])  # [L, B, 1, N, K] into slot `positions`
+        cache_v = cache_v.at[:, rows, positions].set(new_v[:, :, 0])
         return self.final(x)[:, 0], cache_k, cache_v
 
 
@@ -373,10 +378,14 @@ def project_kv(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope) -> tuple[jax
     return apply_rope(k, rope), v
 
 
-def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array | MaskParts, cache=None):
+def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array | MaskParts, cache=None,
+              context=None):
     """-> (output [B, T, D], (keys, values) [B, S, N, K]). mask: [B, T, S] bool (the dense path) or the
-    parts of a long row's mask (the blockwise path; `dcsjax.nn.attention`). With a cache (k, v [B, S, N, K], write [B, S, 1, 1]),
-    the new keys and values are written into their slots and the queries attend over the whole cache."""
+    parts of a long row's mask (the blockwise path; `dcsjax.nn.attention`).
+    context (k, v [B, S, N, K]): the keys and values attended to instead of x's own (a readout at one position
+    of a row whose keys are already projected). cache (k, v [B, S, N, K]): a decode step, T = 1; the query
+    attends over the cache slots its mask [B, 1, S] allows and its own key, and only its own (keys, values)
+    [B, 1, N, K] are returned, for the caller to write into the cache."""
     b, t, _ = x.shape
     n, g = c.num_kv_heads, c.num_heads // c.num_kv_heads
     q = dense("btd,dhk->bthk", x, p["q"])  # [B, T, H, K]
@@ -384,13 +393,11 @@ def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Arr
         q = q + p["q_bias"]
     if c.qk_norm:
         q = qk_norm(c, q, p["q_norm"])
-    q = apply_rope(q, rope)
-    k, v = project_kv(c, p, x, rope)
+    q = apply_rope(q, rope).reshape(b, t, n, g, c.head_dim)  # [B, T, N, G, K]
+    k, v = project_kv(c, p, x, rope) if context is None else context
     if cache is not None:
-        k_cache, v_cache, write = cache
-        k, v = jnp.where(write, k, k_cache), jnp.where(write, v, v_cache)
-    q = q.reshape(b, t, n, g, c.head_dim)  # [B, T, N, G, K]
-    if isinstance(mask, MaskParts):
+        out = cached_attention(q, *cache, k, v, mask, c.attn_scale, c.attn_softcap)
+    elif isinstance(mask, MaskParts):
         out = tiled_attention(q, k, v, mask, c.attn_scale, c.attn_softcap)
     else:
         out = dense_attention(q, k, v, mask, c.attn_scale, c.attn_softcap)
@@ -417,22 +424,24 @@ def experts(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
     shape and sums added in a fixed order, so a token's output does not depend on the batch it is in."""
     b, t, d = x.shape
     e, fe = c.num_experts, c.expert_mlp_size
-    logits = jnp.einsum("btd,de->bte", x, p["router"], preferred_element_type=F32)  # [B, T, E]
 
-    def route(chunk):  # [ROUTE_CHUNK, E] router logits -> [ROUTE_CHUNK, E] expert weights
-        z = jnp.exp(chunk - chunk.max(axis=-1, keepdims=True))
+    def route(chunk):  # [ROUTE_CHUNK, D] tokens -> [ROUTE_CHUNK, E] expert weights
+        logits = jnp.einsum("td,de->te", chunk, p["router"], preferred_element_type=F32)
+        z = jnp.exp(logits - logits.max(axis=-1, keepdims=True))
         probs = z / in_order_sum(z)[..., None]
         top, index = jax.lax.top_k(probs, c.experts_per_token)  # [chunk, k]
         if c.norm_topk:
             top = top / in_order_sum(top)[..., None]
         return (jax.nn.one_hot(index, e, dtype=F32) * top[..., None]).max(axis=-2)  # one k per expert
 
-    # XLA's CPU elementwise code rounds the same input differently at some array shapes (3.7e-9 on a router
-    # probability between a [32, 128, 4] batch and one of its rows); routing tokens in chunks of one fixed
-    # shape makes a token's weights independent of the batch it shares
+    # XLA's CPU code rounds the same input differently at some array shapes: elementwise (3.7e-9 on a router
+    # probability between a [32, 128, 4] batch and one of its rows), and the router's matmul, whose few
+    # columns (E) take a kernel that sums by the number of rows on AVX2-only hosts (2026-12-02); routing tokens
+    # in chunks of one fixed shape, the router's matmul included, makes a token's weights independent of the
+    # batch it shares
     n = b * t
-    tokens = jnp.pad(logits.reshape(n, e), ((0, -n % ROUTE_CHUNK), (0, 0)))  # a decode step routes B tokens
-    weights = jax.lax.map(route, tokens.reshape(-1, ROUTE_CHUNK, e)).reshape(-1, e)[:n].reshape(b, t, e)
+    tokens = jnp.pad(x.reshape(n, d), ((0, -n % ROUTE_CHUNK), (0, 0)))  # a decode step routes B tokens
+    weights = jax.lax.map(route, tokens.reshape(-1, ROUTE_CHUNK, d)).reshape(-1, e)[:n].reshape(b, t, e)
     gate = dense("btd,df->btf", x, p["expert_gate"].transpose(1, 0, 2).reshape(d, e * fe)).reshape(b, t, e, fe)
     up = dense("btd,df->btf", x, p["expert_up"].transpose(1, 0, 2).reshape(d, e * fe)).reshape(b, t, e, fe)
     act = (jax.nn.silu(gate) * up).astype(F32) * weights[..., None]  # [B, T, E, Fe]
@@ -449,14 +458,14 @@ def in_order_sum(x: jax.Array) -> jax.Array:
     return total
 
 
-def decoder_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, cache=None):
+def decoder_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, cache=None, context=None):
     """-> (x [B, T, D], this layer's (keys, values)). Norms before each part ("pre"), before and after
     ("pre+post"), after only ("post"), or one before both ("shared"); the parts one after the other, or side by
     side (`parallel_block`, Falcon)."""
     def norm(y, w):
         return block_norm(c, p, y, w)
 
-    h, kv = attention(c, p, norm(x, "attn_norm"), rope, mask, cache)
+    h, kv = attention(c, p, norm(x, "attn_norm"), rope, mask, cache, context)
     if c.parallel_block:
         return x + (mlp(c, p, norm(x, "mlp_norm" if "mlp_norm" in p else "attn_norm")) + h), kv
     x = x + norm(h, "post_attn_norm")
@@ -475,8 +484,7 @@ def readout_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax
     A model read out at one token needs only this from its top block: about 1/T of the block's cost."""
     rows = jnp.arange(x.shape[0])
     keys, values = project_kv(c, p, block_norm(c, p, x, "attn_norm"), rope)
-    no_write = jnp.zeros((*keys.shape[:2], 1, 1), bool)  # the cache already holds every key, the query's own too
     at_last = Rope(rope.cos[rows, last][:, None], rope.sin[rows, last][:, None])
     out, _ = decoder_block(c, p, x[rows, last][:, None], at_last, mask[rows, last][:, None],
-                           cache=(keys, values, no_write))
+                           context=(keys, values))  # every position's keys, the query's own too
     return out[:, 0]
