@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import F32_NATS
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -69,11 +71,18 @@ def test_eval_end_to_end_script_quick(tmp_path):
     assert sum(result["writes"]) == 12
 
 
+def test_decode_profile_script_quick(tmp_path):
+    result = run(["bench/profile_decode.py", "--prompts", "4", "--new", "4"], tmp_path)
+    assert result["decode_step_s"] > 0 and result["rows"] and names_its_code(result)
+    kinds = {r["what"] for r in result["rows"]}
+    assert {"weight matmuls", "attention over the cache"} <= kinds
+
+
 def test_passages_script_quick(tmp_path):
     result = run(["bench/passages.py", "--quick"], tmp_path)
     (row,) = result["rows"]
     assert row["blockwise"]["tokens_per_s"] > 0 and row["dense"]["tokens_per_s"] > 0
-    assert row["max_gap_blockwise_dense"] < 1e-4 and row["max_gap_blockwise_peer"] < 1e-4
+    assert row["max_gap_blockwise_dense"] < 1e-4 and row["max_gap_blockwise_peer"] < F32_NATS
     assert names_its_code(result) and result["torch"]
 
 

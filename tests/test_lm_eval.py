@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import F32_NATS, ROOT
 
 lm_eval = pytest.importorskip("lm_eval")  # part of the test extra; a core install has no lm-eval
 
@@ -83,7 +83,7 @@ def _compare(ours: dict, theirs: dict, task: str, model_name: str) -> None:
             else:
                 (lp, greedy), (ref_lp, ref_greedy) = got, want
                 n_tokens = len(tokenizer.encode(request[1], add_special_tokens=False))
-                bound = 1e-4 + PER_TOKEN[model_name] * n_tokens
+                bound = F32_NATS + PER_TOKEN[model_name] * n_tokens
                 assert abs(lp - ref_lp) < bound, f"doc {x['doc_id']} {request[1]!r}: {lp} vs {ref_lp}"
                 assert greedy == ref_greedy, f"doc {x['doc_id']} {request[1]!r}: is_greedy differs"
                 worst = max(worst, abs(lp - ref_lp))

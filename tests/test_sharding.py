@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import F32_NATS
 from dcsjax.kernels.packing import batch_heights, rows_per_batch
 from dcsjax.sharding import RULES, make_mesh, partition_spec
 
@@ -50,7 +51,7 @@ def test_mesh_scores_equal_one_device(mesh_results, model):
     assert r["devices"] == 8
     meshes = ("2x4", "8x1") if model == "smollm2-135m-instruct" else ("2x4",)
     for mesh in meshes:
-        assert r[mesh]["max_diff"] < 1e-4, (mesh, r[mesh]["max_diff"])
+        assert r[mesh]["max_diff"] < F32_NATS, (mesh, r[mesh]["max_diff"])
     # 2x4: the vocabulary is split four ways, each device holding a quarter of the embedding rows
     assert r["2x4"]["embed_spec"] == "P('model', None)" and r["2x4"]["embed_shard_rows"] == r["vocab"] // 4
     assert r["2x4"]["rows_per_batch_multiple_of_data"] == 2
