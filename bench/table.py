@@ -17,8 +17,8 @@ def config(r: dict) -> str:
 def main(paths) -> None:
     for path in paths:
         d = json.load(open(path))
-        print(f"{d['device']}, {d['cores']} cores; measured matmul rate: {d['matmul_gflops']['float32']:.0f} GFLOP/s "
-              f"float32, {d['matmul_gflops']['bfloat16']:.0f} bfloat16\n")
+        rates = ", ".join(f"{rate:.0f} GFLOP/s {dtype}" for dtype, rate in d["matmul_gflops"].items())
+        print(f"{d['device']}, {d['cores']} cores; measured matmul rate: {rates}\n")
         body = []
         for r in d["rows"]:
             notes = []
