@@ -152,8 +152,8 @@ def cached_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k: ja
     [B, S, N, K], k, v [B, 1, N, K] (the query's own), mask [B, 1, S] (the cache slots it sees; its own key it
     always sees) -> [B, 1, N, G, K] float32.
     The cache is only read, never rebuilt: a decode step writes its new slot once, for every layer, after the
-    layer scan. Writing it inside the layer (a `where` over the cache, then a ones column appended to V for the
-    denominator) copied each layer's cache three times per token, which was most of a long decode's time."""
+    layer scan. Writing it inside the layer (a `where` over K and V, then a ones column appended to V for the
+    denominator) built three cache-sized arrays per layer and token (`bench/profile_decode.py`, README)."""
     past = softcap(jnp.einsum("btngk,bsnk->bngts", q, k_cache, preferred_element_type=F32) * scale, cap)
     past = jnp.where(mask[:, None, None], past, MASKED)  # [B, N, G, 1, S]
     own = softcap(jnp.einsum("btngk,btnk->bngt", q, k, preferred_element_type=F32) * scale, cap)[..., None]
