@@ -13,13 +13,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
-import gzip
 import json
 import os
-import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -43,6 +39,10 @@ def category(name: str, op_name: str) -> str:
         return "attention over the cache"
     if "scatter" in name or "scatter" in op_name or "dynamic-update-slice" in name:
         return "cache writes"
+    if "dynamic-slice" in name:  # XLA's CPU backend copies a scan's slice of the stacked arrays before a dot
+        return "copies: the layer scan's slices of the weights and the cache"
+    if "transpose" in name:
+        return "copies: transposed (the cache slice laid out for the attention's dots)"
     if name.startswith("copy") or "concatenate" in name or "select" in name:
         return "copies and selects (a cache rebuilt)"
     if "argmax" in op_name or "reduce" in name:
@@ -66,6 +66,7 @@ def main() -> None:
     from dcsjax.kernels.packing import bucket_for
     from dcsjax.results import environment
     from generation import apx_prompts
+    from xla_ops import origins, traced_seconds
 
     scorer = dcsjax.load(args.model)
     prompts = apx_prompts(scorer, args.prompts)
@@ -84,11 +85,6 @@ def main() -> None:
     def decode(new: int):
         return programs[new](*args_in[1:])  # the static arguments (graphdef, budget, settings) are compiled in
 
-    def op_names(new: int) -> dict[str, str]:
-        """XLA operation -> the JAX operation it came from, in the program that decodes `new` tokens."""
-        hlo = programs[new].as_text()
-        return {m.group(1): m.group(2) for m in re.finditer(r"(?m)^\s*(?:ROOT )?%([\w.\-]+) = \S+ .*?op_name=\"([^\"]*)\"", hlo)}
-
     walls = {}
     for new in (1, args.new):  # one new token is the prefill alone: the difference is the decoding loop
         jax.block_until_ready(decode(new))  # warm
@@ -101,20 +97,13 @@ def main() -> None:
     step_s = (walls[args.new] - walls[1]) / (args.new - 1)
 
     def traced(new: int) -> tuple[collections.Counter, collections.Counter]:
-        with tempfile.TemporaryDirectory() as trace_dir:
-            jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
-            jax.block_until_ready(decode(new))
-            jax.profiler.stop_trace()
-            (trace,) = glob.glob(f"{trace_dir}/**/perfetto_trace.json.gz", recursive=True)
-            events = json.load(gzip.open(trace))["traceEvents"]
-        meta = op_names(new)
-        by_kind, by_op = collections.Counter(), collections.Counter()
-        for e in events:
-            name = e.get("name", "")
-            if e.get("ph") != "X" or "dur" not in e or name not in meta or name.startswith(("while", "call", "conditional")):
-                continue  # runtime bookkeeping, or a loop whose body's operations are counted themselves
-            by_kind[category(name, meta[name])] += e["dur"] / 1e6
-            by_op[name] += e["dur"] / 1e6
+        meta = origins(programs[new])
+        # a loop's or call's event spans its body's operations, which are counted themselves
+        by_op = traced_seconds(lambda: decode(new),
+                               lambda name: name in meta and not name.startswith(("while", "call", "conditional")))
+        by_kind = collections.Counter()
+        for name, s in by_op.items():
+            by_kind[category(name, meta[name])] += s
         return by_kind, collections.Counter({(name, meta[name]): s for name, s in by_op.items()})
 
     # per decode step: a run of `new` tokens less a run of one (the prefill and its first token), over new - 1

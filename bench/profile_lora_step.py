@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
-import gzip
 import json
 import os
-import re
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -64,6 +60,7 @@ def main() -> None:
     from dcsjax.training.data import abstention_splits
     from dcsjax.training.features import letter_features
     from dcsjax.training.train import TrainConfig, _train_step, cut_length, init_trainable, optimizer_for, top_params
+    from xla_ops import origins, traced_seconds
 
     scorer = dcsjax.load(args.model)
     c = scorer.config
@@ -82,30 +79,18 @@ def main() -> None:
                  jnp.asarray(30.0))
 
     compiled = _train_step.lower(*step_args).compile()
-    meta = {}
-    for line in compiled.as_text().split("\n"):
-        m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = \S+ .*?op_name=\"([^\"]*)\"", line)
-        if m:
-            meta[m.group(1)] = m.group(2)
+    meta = origins(compiled)
     jax.block_until_ready(_train_step(*step_args))  # warm
     walls = []
     for _ in range(2):
         tic = time.perf_counter()
         jax.block_until_ready(_train_step(*step_args))
         walls.append(time.perf_counter() - tic)
-    with tempfile.TemporaryDirectory() as trace_dir:
-        jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
-        jax.block_until_ready(_train_step(*step_args))
-        jax.profiler.stop_trace()
-        (trace,) = glob.glob(f"{trace_dir}/**/perfetto_trace.json.gz", recursive=True)
-        events = json.load(gzip.open(trace))["traceEvents"]
-    seconds, per_op = collections.Counter(), collections.Counter()
-    for e in events:
-        name = e.get("name", "")
-        if e.get("ph") != "X" or "dur" not in e or name not in meta and "broadcast" not in name:
-            continue  # runtime bookkeeping (executor, thread pool), not an XLA operation
-        seconds[category(name, meta.get(name, ""))] += e["dur"] / 1e6
-        per_op[name] += e["dur"] / 1e6
+    # zero-filled buffers have no op_name: XLA made them, not a JAX operation
+    per_op = traced_seconds(lambda: _train_step(*step_args), lambda name: name in meta or "broadcast" in name)
+    seconds = collections.Counter()
+    for name, s in per_op.items():
+        seconds[category(name, meta.get(name, ""))] += s
     rows = [{"what": what, "seconds": s} for what, s in seconds.most_common()]  # unrounded: they sum to the total
     total = sum(seconds.values())
     print(f"{scorer.name}: one LoRA update of {args.batch} prompts cut to {t} tokens, {k} blocks adapted; "
