@@ -5,6 +5,11 @@ the same host and threads. It says how much of a batch is matmul time, and wheth
 multiplies the same shapes faster: the profile behind a throughput target that is missed.
 
     python bench/profile_statements.py        # about 3 minutes on 2 cores
+    python bench/profile_statements.py --xla-flags ";--xla_cpu_experimental_onednn_fusion_type=dot"
+
+`--xla-flags` runs the XLA side once per setting (';'-separated XLA_FLAGS values, '' for XLA's default),
+each in its own process (XLA reads its flags once), and says whether each setting's log-probs equal the
+first setting's bit for bit: the way to try XLA's CPU library paths (oneDNN, XNNPACK, YNNPACK) on a host.
 
 Prints a table and writes bench/results/profile-statements-<time>.json. Needs the test extra (torch).
 """
@@ -15,7 +20,9 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -111,7 +118,8 @@ def torch_matmuls(c, m: int, dtype: str, repeats: int, chunk: int) -> tuple[floa
             median_seconds(output_head, repeats, wait=lambda x: x))
 
 
-def profile(model: str, dtype: str, n: int, batch_size: int, repeats: int) -> dict:
+def profile(model: str, dtype: str, n: int, batch_size: int, repeats: int, with_torch: bool = True,
+            logprobs_to: Path | None = None) -> dict:
     import dcsjax
     from dcsjax.kernels.logprobs import token_logprobs_and_greedy
     from dcsjax.kernels.packing import Group, make_batch
@@ -131,6 +139,8 @@ def profile(model: str, dtype: str, n: int, batch_size: int, repeats: int) -> di
     model_ = scorer.model
 
     whole = median_seconds(lambda: _batch_logprobs(graphdef, scorer.vocab_chunk, None, state, *arrays), repeats)
+    if logprobs_to is not None:  # the scores this setting computes, for the comparison across XLA flags
+        np.save(logprobs_to / f"{dtype}.npy", np.asarray(_batch_logprobs(graphdef, scorer.vocab_chunk, None, state, *arrays)))
     decoder = jax.jit(lambda t, p, s, a: model_(t, p, s, a))
     hidden = decoder(*arrays[:4])
     decoder_s = median_seconds(lambda: decoder(*arrays[:4]), repeats)
@@ -139,7 +149,7 @@ def profile(model: str, dtype: str, n: int, batch_size: int, repeats: int) -> di
     head_s = median_seconds(lambda: head(hidden, arrays[4]), repeats)
     m = bucket * height
     xla_blocks, xla_head = xla_matmuls(model_, (height, bucket), repeats, scorer.vocab_chunk)
-    torch_blocks, torch_head = torch_matmuls(c, m, dtype, repeats, scorer.vocab_chunk)
+    torch_blocks, torch_head = torch_matmuls(c, m, dtype, repeats, scorer.vocab_chunk) if with_torch else (None, None)
     block_flops = 2.0 * m * c.num_layers * sum(a * b for a, b in weight_shapes(c))
     head_flops = 2.0 * m * c.hidden_size * c.vocab_size
     scored = int(sum(s.length - 1 for s in batch.spans))
@@ -149,9 +159,31 @@ def profile(model: str, dtype: str, n: int, batch_size: int, repeats: int) -> di
             "head_matmul_xla_s": xla_head, "head_matmul_torch_s": torch_head,
             "block_gflop": block_flops / 1e9, "head_gflop": head_flops / 1e9,
             "whole_tokens_per_s": scored / whole,
-            "xla_block_gflops": block_flops / xla_blocks / 1e9, "torch_block_gflops": block_flops / torch_blocks / 1e9,
-            "xla_head_gflops": head_flops / xla_head / 1e9, "torch_head_gflops": head_flops / torch_head / 1e9,
+            "xla_block_gflops": block_flops / xla_blocks / 1e9, "xla_head_gflops": head_flops / xla_head / 1e9,
+            "torch_block_gflops": block_flops / torch_blocks / 1e9 if with_torch else None,
+            "torch_head_gflops": head_flops / torch_head / 1e9 if with_torch else None,
             "matmul_share_of_whole": (xla_blocks + xla_head) / whole}
+
+
+def under_flags(args, settings: list[str]) -> list[dict]:
+    """`profile` for every dtype under each XLA_FLAGS setting, one child process per setting (torch only in
+    the first), each row marked with its flags and how far its log-probs are from the first setting's."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, flags in enumerate(settings):
+            folder = Path(tmp) / str(i)
+            folder.mkdir()
+            command = [sys.executable, __file__, "--model", args.model, "--dtypes", args.dtypes,
+                       "--statements", str(args.statements), "--batch-size", str(args.batch_size),
+                       "--repeats", str(args.repeats), "--child-folder", str(folder)] + (["--no-torch"] if i or args.no_torch else [])
+            print(f"XLA_FLAGS={flags!r}", flush=True)
+            subprocess.run(command, env={**os.environ, "XLA_FLAGS": flags}, check=True)
+            for r in json.loads((folder / "rows.json").read_text()):
+                first = np.load(Path(tmp) / "0" / f"{r['dtype']}.npy")
+                mine = np.load(folder / f"{r['dtype']}.npy")
+                rows.append(dict(r, xla_flags=flags, max_abs_diff_vs_first=float(np.abs(mine - first).max()),
+                                 bit_identical_to_first=bool(np.array_equal(mine, first))))
+    return rows
 
 
 def main() -> None:
@@ -161,22 +193,44 @@ def main() -> None:
     parser.add_argument("--statements", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--xla-flags", default=None,
+                        help="';'-separated XLA_FLAGS settings to compare, one process each ('' = XLA's default)")
+    parser.add_argument("--no-torch", action="store_true", help="leave out torch's matmuls")
+    parser.add_argument("--child-folder", help=argparse.SUPPRESS)  # set by --xla-flags for its children
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder for the JSON")
     args = parser.parse_args()
     from peak import cpu_name
 
-    rows = [profile(args.model, d, args.statements, args.batch_size, args.repeats) for d in args.dtypes.split(",")]
+    if args.child_folder:
+        folder = Path(args.child_folder)
+        rows = [profile(args.model, d, args.statements, args.batch_size, args.repeats, not args.no_torch, folder)
+                for d in args.dtypes.split(",")]
+        (folder / "rows.json").write_text(json.dumps(rows))
+        return
+    if args.xla_flags is not None:
+        rows = under_flags(args, args.xla_flags.split(";"))
+    else:
+        rows = [profile(args.model, d, args.statements, args.batch_size, args.repeats, not args.no_torch)
+                for d in args.dtypes.split(",")]
     print(f"{rows[0]['model']}, one [{rows[0]['batch'][0]}, {rows[0]['batch'][1]}] batch of statements, "
           f"{cpu_name()}, {os.cpu_count()} cores; medians of {args.repeats}")
     print(f"{'dtype':9} {'whole':>7} {'decoder':>8} {'head+lsm':>9} | {'blocks XLA':>10} {'torch':>6} | "
           f"{'head XLA':>8} {'torch':>6} | {'GFLOP/s blocks XLA':>18} {'torch':>6} | {'head XLA':>8} {'torch':>6} | "
           f"{'XLA matmuls / whole':>19}")
+
+    def number(value, width: int, scale: float = 1.0) -> str:
+        return f"{'-':>{width}}" if value is None else f"{scale * value:{width}.0f}"
+
     for r in rows:
-        ms = {k: 1e3 * v for k, v in r.items() if k.endswith("_s")}
-        print(f"{r['dtype']:9} {ms['whole_s']:7.0f} {ms['decoder_s']:8.0f} {ms['head_and_logsoftmax_s']:9.0f} | "
-              f"{ms['block_matmuls_xla_s']:10.0f} {ms['block_matmuls_torch_s']:6.0f} | {ms['head_matmul_xla_s']:8.0f} "
-              f"{ms['head_matmul_torch_s']:6.0f} | {r['xla_block_gflops']:18.0f} {r['torch_block_gflops']:6.0f} | "
-              f"{r['xla_head_gflops']:8.0f} {r['torch_head_gflops']:6.0f} | {r['matmul_share_of_whole']:19.2f}")
+        if "xla_flags" in r:
+            print(f"XLA_FLAGS={r['xla_flags']!r}: log-probs {'bit-identical to' if r['bit_identical_to_first'] else 'differ from'}"
+                  f" the first setting's (max |diff| {r['max_abs_diff_vs_first']:.2g})")
+        print(f"{r['dtype']:9} {number(r['whole_s'], 7, 1e3)} {number(r['decoder_s'], 8, 1e3)} "
+              f"{number(r['head_and_logsoftmax_s'], 9, 1e3)} | {number(r['block_matmuls_xla_s'], 10, 1e3)} "
+              f"{number(r['block_matmuls_torch_s'], 6, 1e3)} | {number(r['head_matmul_xla_s'], 8, 1e3)} "
+              f"{number(r['head_matmul_torch_s'], 6, 1e3)} | {number(r['xla_block_gflops'], 18)} "
+              f"{number(r['torch_block_gflops'], 6)} | {number(r['xla_head_gflops'], 8)} {number(r['torch_head_gflops'], 6)} | "
+              f"{r['matmul_share_of_whole']:19.2f}")
     print("(milliseconds per batch; blocks: every block's weight matmuls; head: the output matrix over vocabulary chunks)")
     from dcsjax.results import environment
 

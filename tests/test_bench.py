@@ -87,13 +87,18 @@ def test_passages_script_quick(tmp_path):
 
 
 def test_profile_script_quick(tmp_path):
-    result = run(["bench/profile_statements.py", "--dtypes", "float32", "--statements", "64", "--repeats", "1"],
-                 tmp_path)
-    (row,) = result["rows"]
+    # two XLA_FLAGS settings, each in its own process: XLA's default and its oneDNN dot path
+    onednn = "--xla_cpu_experimental_onednn_fusion_type=dot"
+    result = run(["bench/profile_statements.py", "--dtypes", "float32", "--statements", "64", "--repeats", "1",
+                  "--xla-flags", ";" + onednn], tmp_path)
+    row, other = result["rows"]
     assert row["batch"][1] % 64 == 0 and 0 < row["scored_tokens"] <= row["batch"][0] * row["batch"][1]
     assert all(row[k] > 0 for k in ("whole_s", "decoder_s", "head_and_logsoftmax_s", "block_matmuls_xla_s",
                                      "block_matmuls_torch_s", "head_matmul_xla_s", "head_matmul_torch_s"))
     assert row["head_gflop"] == pytest.approx(2 * 64 * row["batch"][0] * 576 * 49152 / 1e9)  # SmolLM2: D 576, V 49152
+    assert (row["xla_flags"], other["xla_flags"]) == ("", onednn) and row["bit_identical_to_first"]
+    assert other["whole_s"] > 0 and other["torch_block_gflops"] is None  # torch is measured once, in the first
+    assert other["max_abs_diff_vs_first"] < F32_NATS  # another library's kernel: the same scores up to rounding
 
 
 def test_lora_step_profile_script_small(tmp_path):
