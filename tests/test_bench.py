@@ -98,7 +98,7 @@ def test_profile_script_quick(tmp_path):
     assert row["head_gflop"] == pytest.approx(2 * 64 * row["batch"][0] * 576 * 49152 / 1e9)  # SmolLM2: D 576, V 49152
     assert (row["xla_flags"], other["xla_flags"]) == ("", onednn) and row["bit_identical_to_first"]
     assert other["whole_s"] > 0 and other["torch_block_gflops"] is None  # torch is measured once, in the first
-    assert other["max_abs_diff_vs_first"] < F32_NATS  # another library's kernel: the same scores up to rounding
+    assert other["max_abs_diff_vs_first"] < F32_NATS  # a flag that may swap the kernel: the same scores up to rounding (on the Xeon of 2026-12-02 it swapped none)
 
 
 def test_lora_step_profile_script_small(tmp_path):
