@@ -65,11 +65,11 @@ def main() -> None:
     from dcsjax.generate import _decode
     from dcsjax.kernels.packing import bucket_for
     from dcsjax.results import environment
-    from generation import apx_prompts
+    from generation import prompts_of
     from xla_ops import origins, traced_seconds
 
     scorer = dcsjax.load(args.model)
-    prompts = apx_prompts(scorer, args.prompts)
+    prompts = prompts_of(scorer, "apx", args.prompts)
     bucket = bucket_for(max(map(len, prompts)), scorer.buckets)
     tokens = np.zeros((len(prompts), bucket), np.int32)
     for r, p in enumerate(prompts):

@@ -58,10 +58,16 @@ def test_lm_eval_backends_script_quick(tmp_path):
 
 
 def test_generation_script_quick(tmp_path):
-    result = run(["bench/generation.py", "--prompts", "8", "--batch", "8", "--quick"], tmp_path)
-    (row,) = result["rows"]
-    assert row["workload"] == "apx" and row["dcsjax_tokens_per_s"] > 0 and row["peer_tokens_per_s"] > 0
-    assert row["same_tokens"] == "8/8"  # greedy: the same tokens as transformers' generate
+    result = run(["bench/generation.py", "--prompts", "4", "--batch", "4", "--workloads", "apx,statements",
+                  "--max-new", "8"], tmp_path)
+    apx, statements = result["rows"]
+    assert apx["workload"] == "apx" and apx["dcsjax_tokens_per_s"] > 0 and apx["peer_tokens_per_s"] > 0
+    assert apx["same_tokens"] == "4/4"  # greedy: the same tokens as transformers' generate
+    # statement generation: A.1's sampling in both engines, every row decoding its whole (capped) budget
+    assert (statements["workload"], statements["temperature"], statements["top_p"]) == ("statements", 0.7, 0.95)
+    assert statements["same_tokens"] == "sampled" and statements["new_tokens"] == 8
+    assert statements["dcsjax_tokens"] == statements["peer_tokens"] == 4 * 8
+    assert statements["dcsjax_tokens_per_s"] > 0 and statements["peer_tokens_per_s"] > 0
     assert names_its_code(result) and result["torch"]
 
 
