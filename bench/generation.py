@@ -1,12 +1,13 @@
-"""Greedy generation throughput of dcsjax against the peer (transformers' `generate`, same GGUF weights,
-float32), same prompts, same run; and whether the two emit the same tokens.
+"""Generation throughput of dcsjax against the peer (transformers' `generate`, same GGUF weights, float32),
+same prompts, same settings (greedy, or sampled as statement generation is), same run; and whether the two
+emit the same greedy tokens.
 
     python bench/generation.py                     # SmolLM2: APX, 15 new tokens; long, 128; statements, 256
     python bench/generation.py --workloads statements --prompts 32
     python bench/generation.py --prompts 16 --quick
 
 Workloads (real prompts): `apx` is APX's own prompt (002 D.1, the chat template) over BIG-bench items of
-the demo tasks, 15 new tokens, as `dcsjax eval` runs it (prompts of 200-400 tokens: mostly prefill); `long` is the same prompts with 128 new tokens
+the demo tasks, 15 new tokens, as `dcsjax eval` runs it (SmolLM2: prompts of 111-183 tokens, mostly prefill); `long` is the same prompts with 128 new tokens
 and no early stop (every row decodes its whole budget: the decode loop's own rate). `statements` is
 statement generation as `dcsjax statements generate` runs it (002 A.1's prompt over the same items, sampled
 at temperature 0.7, top-p 0.95, 256 new tokens), with no early stop: a sampled row ends at a different
