@@ -79,7 +79,7 @@ def main() -> None:
 
     # one compiled program per budget, both timed and read for its operation names (a jitted call and a
     # separate lower().compile() would compile each twice)
-    args_in = (scorer._graphdef, scorer._state, jnp.asarray(tokens), lengths, keys)
+    args_in = (scorer.graphdef, scorer.state, jnp.asarray(tokens), lengths, keys)
     programs = {new: _decode.lower(*args_in, new, 0.0, 1.0, ()).compile() for new in (1, args.new)}
 
     def decode(new: int):

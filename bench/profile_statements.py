@@ -135,7 +135,7 @@ def profile(model: str, dtype: str, n: int, batch_size: int, repeats: int, with_
     rows = next(r for b, r, h in plan if (b, h) == (bucket, height))
     batch = make_batch(groups, bucket, rows, height)
     arrays = jax.device_put((batch.tokens, batch.positions, batch.segment_ids, batch.attend_to, batch.targets))
-    graphdef, state = scorer._graphdef, scorer._state
+    graphdef, state = scorer.graphdef, scorer.state
     model_ = scorer.model
 
     whole = median_seconds(lambda: _batch_logprobs(graphdef, scorer.vocab_chunk, None, state, *arrays), repeats)

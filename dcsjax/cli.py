@@ -22,10 +22,11 @@ DOCUMENT_START_HELP = ("the token that starts a document in the model's pretrain
                        "whose tokenizer adds no BOS (Qwen: '<|endoftext|>')")
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
-    return "\n".join([line(header), "  ".join("-" * w for w in widths), *map(line, rows)])
+def _table(rows: list[list[object]], header: list[str]) -> str:
+    """A plain-text table (`dcsjax.tables`), its first column left-aligned and the rest right-aligned."""
+    from dcsjax.tables import render
+
+    return render(header, rows, numeric=range(1, len(header)))
 
 
 def cmd_fetch(args) -> int:

@@ -31,14 +31,6 @@ CHUNK = 32
 MAX_CHUNK = 512
 
 
-def bootstrap_ci(values: Sequence[float], n_boot: int = 1000, seed: int = 0) -> tuple[float | None, float | None]:
-    """95% percentile interval of the mean, resampling items; (None, None) for no items."""
-    if len(values) == 0:
-        return None, None
-    interval = mean_ci(values, n_boot, seed)
-    return interval.low, interval.high
-
-
 def read_records(path: Path) -> list[dict]:
     """A protocol's records, read only (see `dcsjax.results.read_records`)."""
     return results.read_records(path)
@@ -269,7 +261,8 @@ def summary_row(model: str, task: str, protocol: str, records: list[dict], error
     from dcsjax.protocols.options import position_report
 
     metrics = summarise(protocol, records)
-    low, high = bootstrap_ci(headline_values(protocol, records))
+    values = headline_values(protocol, records)
+    low, high = mean_ci(values)[1:] if len(values) else (None, None)  # the headline's 95% interval over items
     return {"model": model, "task": task, "protocol": protocol, "n": len(records), "errors": errors,
             "metric": next(iter(metrics)), "value": next(iter(metrics.values())), "ci95": [low, high],
             "metrics": metrics, "positions": position_report(records), "warnings": idk_warnings(metrics, low, high),

@@ -20,7 +20,7 @@ from flax import nnx
 
 from dcsjax.errors import InputError
 from dcsjax.kernels.packing import bucket_for
-from dcsjax.nn.attention import softcap
+from dcsjax.nn.decoder import right_padded
 
 
 def sample_token(logits: jax.Array, key: jax.Array, temperature: float, top_p: float) -> jax.Array:
@@ -54,16 +54,12 @@ def _decode(graphdef, state, tokens, lengths, keys, max_new: int, temperature: f
     longest answer, not the token budget."""
     model = nnx.merge(graphdef, state)
     b, t = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(t), (b, t))
-    segments = (positions < lengths[:, None]).astype(jnp.int32)
+    positions, segments = right_padded(lengths, t)
     hidden, (cache_k, cache_v) = model(tokens, positions, segments, return_kv=True)  # [L, B, T, N, K]
     pad = ((0, 0), (0, 0), (0, max_new), (0, 0), (0, 0))
     cache_k, cache_v = jnp.pad(cache_k, pad), jnp.pad(cache_v, pad)
-    out_embed = model.output_embedding
-
-    def next_token(h, step):
-        logits = softcap(jnp.einsum("bd,vd->bv", h, out_embed, preferred_element_type=jnp.float32),
-                         model.config.final_softcap)
+    def next_token(h, step):  # h [B, D]
+        logits = model.logits(h)  # [B, V]
         step_keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(keys)
         return jax.vmap(lambda z, k: sample_token(z, k, temperature, top_p))(logits, step_keys)
 
@@ -125,7 +121,7 @@ def generate(scorer, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, t
             lengths[r] = len(prompts[i])
             rows[r] = key_ids[i]
         keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(jnp.asarray(rows))
-        emitted = np.asarray(_decode(scorer._graphdef, scorer._state, jnp.asarray(tokens), jnp.asarray(lengths),
+        emitted = np.asarray(_decode(scorer.graphdef, scorer.state, jnp.asarray(tokens), jnp.asarray(lengths),
                                      keys, max_new_tokens, float(temperature), float(top_p), tuple(sorted(stops))))
         for r, i in enumerate(idx):
             seq = emitted[r].tolist()

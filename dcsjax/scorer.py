@@ -74,10 +74,10 @@ class Scorer:
         if any(b % BUCKET_MULTIPLE or b <= 0 for b in self.buckets) or list(self.buckets) != sorted(set(self.buckets)):
             raise ValueError(f"buckets must be increasing multiples of {BUCKET_MULTIPLE}, not {self.buckets}")
         self.max_length = self.buckets[-1]  # tokens per sequence, document start included
-        self._graphdef, self._state = nnx.split(self.model)
+        self.graphdef, self.state = nnx.split(self.model)  # what the jitted kernels take
 
     @property
-    def _row_multiple(self) -> int:
+    def row_multiple(self) -> int:
         """Rows of a batch are split over the mesh's data axis, so a batch holds a multiple of its size."""
         return self.mesh.shape["data"] if self.mesh is not None else 1
 
@@ -242,7 +242,7 @@ class Scorer:
             batch = make_batch(groups, bucket, rows, height)
             arrays = (batch.tokens, batch.positions, batch.segment_ids, batch.attend_to, batch.targets)
             arrays = jax.device_put(arrays, rows_sharding)  # None: the default device
-            result = kernel(self._graphdef, self.vocab_chunk, self.mesh, self._state, *arrays)
+            result = kernel(self.graphdef, self.vocab_chunk, self.mesh, self.state, *arrays)
             if pending is not None:
                 self._collect_all(*pending, out, flags)
             pending = (batch, result)
@@ -261,7 +261,7 @@ class Scorer:
     def plan(self, rooms: list[int]) -> list[PlannedBatch]:
         """The batches that hold groups of these sizes (tokens each, document start included)."""
         return plan_batches(rooms, self.batch_size, self.buckets, self.pack, self.max_batch_tokens,
-                            self._row_multiple)
+                            self.row_multiple)
 
     @staticmethod
     def _collect(batch, result, out) -> None:

@@ -22,7 +22,7 @@ TEXTS = [f"Statement {i}: " + " ".join(["the sharded model scores this text"] * 
 def all_gathers(scorer) -> list[tuple[int, ...]]:
     """Result shapes of every all-gather in the compiled batch kernel."""
     tokens = jax.device_put(np.zeros((scorer.batch_size, 64), np.int32), batch_sharding(scorer.mesh))
-    compiled = _batch_logprobs.lower(scorer._graphdef, scorer.vocab_chunk, scorer.mesh, scorer._state,
+    compiled = _batch_logprobs.lower(scorer.graphdef, scorer.vocab_chunk, scorer.mesh, scorer.state,
                                      *([tokens] * 5)).compile()
     return gathered_shapes(compiled.as_text())
 
@@ -85,7 +85,7 @@ def main(names):
                 "embed_spec": str(embed.sharding.spec),
                 "embed_shard_rows": int(embed.addressable_shards[0].data.shape[0]),
                 "gathered_vocab_sized": [s for s in all_gathers(scorer) if any(d >= vocab // 2 for d in s)],
-                "rows_per_batch_multiple_of_data": scorer._row_multiple,
+                "rows_per_batch_multiple_of_data": scorer.row_multiple,
             }
             if mesh == "2x4":
                 result[mesh]["control_gathered"] = [s for s in naive_all_gathers(scorer) if any(d >= vocab // 2 for d in s)]

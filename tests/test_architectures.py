@@ -266,14 +266,12 @@ def test_decode_steps_match_transformers_past_the_window(family, tmp_path):
     import torch
     from flax import nnx
 
-    from dcsjax.nn.attention import softcap
-
     model = write_tiny(family, tmp_path)
     scorer = dcsjax.load(tmp_path, document_start="<|endoftext|>")
     ids = [scorer.document_start_id, *scorer.encode([PASSAGE[:1500]])[0]][:3 * WINDOW + 12]
     lengths = np.array([12, 5])  # prefill lengths; row 1 is the same text, shorter prompt
     steps = len(ids) - lengths[0]
-    net, c = scorer.model, scorer.config
+    net = scorer.model
     tokens = np.zeros((2, 16), np.int32)
     for r, n in enumerate(lengths):
         tokens[r, :n] = ids[:n]
@@ -288,9 +286,7 @@ def test_decode_steps_match_transformers_past_the_window(family, tmp_path):
     def step(state, token, position, cache_k, cache_v):
         m = nnx.merge(graphdef, state)
         h, cache_k, cache_v = m.decode_step(token, position, cache_k, cache_v)
-        logits = softcap(jnp.einsum("bd,vd->bv", h, m.output_embedding, preferred_element_type=jnp.float32),
-                         c.final_softcap)
-        return jax.nn.log_softmax(logits), cache_k, cache_v
+        return jax.nn.log_softmax(m.logits(h)), cache_k, cache_v
 
     ours = [[], []]
     for i in range(steps):

@@ -103,7 +103,7 @@ def test_a_32k_token_gemma_row_needs_under_2_gib_beyond_its_weights(gemma3):
     from dcsjax.scorer import _batch_logprobs
 
     row = jax.ShapeDtypeStruct((1, 32768), jnp.int32)
-    compiled = _batch_logprobs.lower(gemma3._graphdef, gemma3.vocab_chunk, None, gemma3._state,
+    compiled = _batch_logprobs.lower(gemma3.graphdef, gemma3.vocab_chunk, None, gemma3.state,
                                      row, row, row, row, row).compile()
     temp = compiled.memory_analysis().temp_size_in_bytes
     print(f"32k-token Gemma 3 row: {temp / 2**30:.2f} GiB beyond the weights and inputs")

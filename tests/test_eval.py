@@ -11,7 +11,7 @@ import pytest
 
 from conftest import scorer_for
 from dcsjax.data.tasks import load_task, resolve_task
-from dcsjax.evaluate import bootstrap_ci, format_table, length_hint, read_records, run_eval
+from dcsjax.evaluate import format_table, length_hint, read_records, run_eval
 
 TASK, PROTOCOLS, LIMIT = "known_unknowns", ["dcs", "qa-ppl"], 24
 
@@ -84,9 +84,3 @@ def test_resume_after_sigkill_gives_identical_files(tmp_path, whole_run, protoco
                  scorer=scorer_for("smollm2-135m-instruct"), progress=False, chunk=4, max_chunk=4)
     assert files(broken) == files(whole_run)
     assert all(len(read_records(broken / "smollm2-135m-instruct" / TASK / f"{p}.jsonl")) == LIMIT for p in PROTOCOLS)
-
-
-def test_bootstrap_interval():
-    low, high = bootstrap_ci([0.0, 1.0] * 50)
-    assert 0.38 < low < 0.5 < high < 0.62
-    assert bootstrap_ci([0.3] * 10) == pytest.approx((0.3, 0.3))

@@ -85,7 +85,7 @@ def test_gemma_32x256_never_holds_full_vocabulary_logits(gemma3):
     """Peak temporary memory of the compiled batch kernel, against the 8.6 GB a [32, 256, 262144]
     float32 logits tensor would need."""
     z = jnp.zeros((32, 256), jnp.int32)
-    compiled = _batch_logprobs.lower(gemma3._graphdef, gemma3.vocab_chunk, None, gemma3._state, z, z, z + 1, z, z).compile()
+    compiled = _batch_logprobs.lower(gemma3.graphdef, gemma3.vocab_chunk, None, gemma3.state, z, z, z + 1, z, z).compile()
     temp = compiled.memory_analysis().temp_size_in_bytes
     full_logits = 32 * 256 * gemma3.config.vocab_size * 4
     print(f"Gemma 3, 32 x 256 tokens: peak temporary memory {temp / 2**20:.0f} MiB; "

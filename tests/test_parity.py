@@ -38,12 +38,9 @@ def test_token_logprobs_and_greedy_tokens_match_transformers(model_name):
     positions = np.arange(1024, dtype=np.int32)[None]
     paths = {blockwise: np.asarray(scorer.model(jnp.asarray(row), jnp.asarray(positions), jnp.asarray(segments),
                                                 blockwise=blockwise)[0, :len(seq)]) for blockwise in (True, False)}
-    head = np.asarray(scorer.model.output_embedding)
     path_logprobs = {}
     for blockwise, hidden in paths.items():
-        logits = (hidden[:-1] @ head.T).astype(np.float64)
-        if scorer.config.final_softcap:
-            logits = np.tanh(logits / scorer.config.final_softcap) * scorer.config.final_softcap
+        logits = np.asarray(scorer.model.logits(jnp.asarray(hidden[:-1])), np.float64)  # the decoder's own head
         lp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
         path_logprobs[blockwise] = lp[np.arange(N_TOKENS), ids]
         gap = np.abs(path_logprobs[blockwise] - ref).max()
@@ -58,7 +55,7 @@ def test_token_logprobs_and_greedy_tokens_match_transformers(model_name):
     # Greedy next tokens at every position, from full logits of the same forward pass.
     tokens = jnp.asarray([seq])
     hidden = scorer.model(tokens, jnp.arange(len(seq))[None], jnp.ones_like(tokens))
-    logits = np.asarray(hidden[0] @ scorer.model.output_embedding.T)
+    logits = np.asarray(scorer.model.logits(hidden[0]))
     assert (logits.argmax(-1) == ref_logits.argmax(-1)).all()
 
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from dcsjax.nn.attention import softcap
-from dcsjax.nn.decoder import row_sum
+from dcsjax.nn.decoder import row_sum, unembed
 
 F32 = jnp.float32
 # Tokens of a row per pass over the vocabulary. Only rows longer than this are split, and those hold one
@@ -58,10 +57,8 @@ def vocab_scan(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, firs
     chunk = min(chunk, rows)
     n_chunks = -(-rows // chunk)
     w = jnp.pad(out_embed, ((0, n_chunks * chunk - rows), (0, 0))).reshape(n_chunks, chunk, d)  # [C, chunk, D]
-    # bfloat16 hidden states and rows multiply exactly into float32 products, so a bfloat16 x bfloat16 ->
-    # float32 matmul gives float32 logits at the bfloat16 kernel's rate; mixed dtypes go through float32.
-    common = hidden.dtype if hidden.dtype == out_embed.dtype else F32
-    h = hidden.astype(common)
+    # cast once, outside the scan (`unembed` casts each chunk of rows to the same dtype)
+    h = hidden.astype(hidden.dtype if hidden.dtype == out_embed.dtype else F32)
     batch_shape = targets.shape
 
     # Rematerialised under autodiff, so a backward pass keeps no chunk of logits either.
@@ -69,7 +66,7 @@ def vocab_scan(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, firs
     def step(carry, xs):
         running_max, running_sum, target_logit = carry  # [B, T] each
         w_c, local_first = xs
-        logits = softcap(jnp.einsum("btd,vd->btv", h, w_c.astype(common), preferred_element_type=F32), cap)  # [B, T, chunk]
+        logits = unembed(h, w_c, cap)  # [B, T, chunk] float32: the decoder's output head on this chunk
         local_ids = local_first + jnp.arange(chunk)  # [chunk] rows of this slice
         vocab_ids = first_id + local_ids
         # Rows padded onto this slice's last chunk, and rows past the vocabulary, are no tokens (on a

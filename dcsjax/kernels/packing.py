@@ -67,6 +67,12 @@ class Batch:
     spans: tuple[Span, ...]
 
 
+def round_up(length: int, multiple: int = BUCKET_MULTIPLE) -> int:
+    """length rounded up to a multiple of BUCKET_MULTIPLE: the row lengths of every padded batch that is not
+    packed into the buckets (training prompts), so they too come in few shapes, each one compile."""
+    return -(-int(length) // multiple) * multiple
+
+
 def bucket_for(length: int, buckets: tuple[int, ...]) -> int:
     for b in buckets:
         if length <= b:

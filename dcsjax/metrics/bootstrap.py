@@ -42,6 +42,16 @@ def resample_indices(n: int, n_boot: int = 1000, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, n, (n_boot, n))
 
 
+def percentile_interval(stats: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The central `level` percentile interval of resampled statistics [n_boot] (NaN resamples, which had no
+    items of a kind, left out)."""
+    stats = np.asarray(stats, np.float64)
+    stats = stats[np.isfinite(stats)]
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(stats, [tail, 100 - tail])
+    return float(low), float(high)
+
+
 def _resampled(statistic: Statistic, data, indices: np.ndarray) -> np.ndarray:
     take = lambda idx: statistic(jax.tree.map(lambda x: jnp.asarray(x)[idx], data))  # noqa: E731
     return np.asarray(jax.lax.map(take, jnp.asarray(indices), batch_size=64), np.float64)
@@ -53,9 +63,8 @@ def bootstrap_ci(statistic: Statistic, data, n_boot: int = 1000, seed: int = 0, 
     if n == 0:
         return Interval(float("nan"), float("nan"), float("nan"))
     stats = _resampled(statistic, data, resample_indices(n, n_boot, seed))
-    tail = 100 * (1 - level) / 2
-    low, high = np.percentile(stats, [tail, 100 - tail])
-    return Interval(float(statistic(jax.tree.map(jnp.asarray, data))), float(low), float(high))
+    low, high = percentile_interval(stats, level)
+    return Interval(float(statistic(jax.tree.map(jnp.asarray, data))), low, high)
 
 
 def paired_bootstrap(statistic: Statistic, a, b, n_boot: int = 1000, seed: int = 0,
@@ -67,11 +76,10 @@ def paired_bootstrap(statistic: Statistic, a, b, n_boot: int = 1000, seed: int =
         raise ValueError(f"paired bootstrap needs the same items on both sides: {n} against {_n_items(b)}")
     indices = resample_indices(n, n_boot, seed)
     diffs = _resampled(statistic, a, indices) - _resampled(statistic, b, indices)
-    tail = 100 * (1 - level) / 2
-    low, high = np.percentile(diffs, [tail, 100 - tail])
+    low, high = percentile_interval(diffs, level)
     p = 2 * min(np.mean(diffs <= 0), np.mean(diffs >= 0))
     estimate = float(statistic(jax.tree.map(jnp.asarray, a)) - statistic(jax.tree.map(jnp.asarray, b)))
-    return PairedInterval(estimate, float(low), float(high), float(min(p, 1.0)))
+    return PairedInterval(estimate, low, high, float(min(p, 1.0)))
 
 
 def mean_ci(values, n_boot: int = 1000, seed: int = 0) -> Interval:

@@ -60,14 +60,31 @@ def brier_score(d: Distributions) -> jax.Array:
     return jnp.mean((1.0 - p_target) ** 2 + rest)
 
 
-def forced_answer(d: Distributions) -> tuple[jax.Array, jax.Array]:
-    """[N] confidence and [N] correctness of the most probable answer option (IDK excluded)."""
-    answers = d.valid & ~d.idk
-    p = jnp.where(answers, d.probs, -1.0)
+def _at(x: jax.Array, pick: jax.Array) -> jax.Array:
+    """x [N, K] at each item's entry pick [N] -> [N]."""
+    return jnp.take_along_axis(x, pick[:, None], axis=-1)[:, 0]
+
+
+def forced_pick(d: Distributions) -> tuple[jax.Array, jax.Array]:
+    """The forced answer: [N] the most probable answer option (IDK excluded; the first of ties) and [N] its
+    probability in the whole distribution (IDK's mass included, so IDK lowers it). Thresholding it is the
+    post-hoc abstention policy (`dcsjax.training.policies`)."""
+    p = jnp.where(d.valid & ~d.idk, d.probs, -1.0)
     pick = jnp.argmax(p, axis=-1)
-    confidence = jnp.take_along_axis(p, pick[:, None], axis=-1)[:, 0]
-    hit = jnp.take_along_axis(d.correct & answers, pick[:, None], axis=-1)[:, 0]
-    return confidence, hit
+    return pick, _at(p, pick)
+
+
+def own_pick(d: Distributions) -> tuple[jax.Array, jax.Array]:
+    """The model's own choice: [N] the most probable entry of options and IDK, and [N] whether that is IDK
+    (abstaining)."""
+    pick = jnp.argmax(jnp.where(d.valid, d.probs, -1.0), axis=-1)
+    return pick, _at(d.idk, pick)
+
+
+def forced_answer(d: Distributions) -> tuple[jax.Array, jax.Array]:
+    """[N] confidence and [N] correctness of the forced answer (`forced_pick`)."""
+    pick, confidence = forced_pick(d)
+    return confidence, _at(d.correct & d.valid & ~d.idk, pick)
 
 
 def _ece(confidence: jax.Array, hit: jax.Array, bin_of: jax.Array, bins: int) -> jax.Array:
@@ -117,10 +134,8 @@ def selective_accuracy(d: Distributions, coverage: float) -> jax.Array:
 
 def choice(d: Distributions) -> tuple[jax.Array, jax.Array]:
     """[N] abstained (IDK is the most probable entry) and [N] right (a correct answer option is)."""
-    pick = jnp.argmax(jnp.where(d.valid, d.probs, -1.0), axis=-1)
-    abstain = jnp.take_along_axis(d.idk, pick[:, None], axis=-1)[:, 0]
-    right = jnp.take_along_axis(d.correct, pick[:, None], axis=-1)[:, 0] & ~abstain
-    return abstain, right
+    pick, abstain = own_pick(d)
+    return abstain, _at(d.correct, pick) & ~abstain
 
 
 def ternary_score(d: Distributions, threshold: float = 0.5) -> jax.Array:

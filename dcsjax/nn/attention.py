@@ -74,7 +74,8 @@ def softcap(x: jax.Array, cap: float | None) -> jax.Array:
 
 def visible(q_index, k_index, seg_q, to_q, pos_q, seg_k, pos_k, window) -> jax.Array:
     """Which queries see which keys, from their columns, segments and positions, broadcast against each other
-    ([bq, 1] queries and [1, bk] keys give a [bq, bk] tile): the one mask rule of both tiled paths."""
+    ([bq, 1] queries and [1, bk] keys give a [bq, bk] tile): the one mask rule, of the dense and tiled paths and
+    of a decode step over its cache (`Decoder.decode_step`)."""
     return (q_index >= k_index) & ((seg_q == seg_k) | (to_q == seg_k)) & (seg_k != 0) & (pos_q - pos_k < window)
 
 

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dcsjax.nn.attention import (NO_WINDOW, MaskParts, cached_attention, dense_attention, takes_blockwise,
-                                  tiled_attention)
+from dcsjax.nn.attention import (NO_WINDOW, MaskParts, cached_attention, dense_attention, softcap, takes_blockwise,
+                                  tiled_attention, visible)
 from dcsjax.nn.config import DecoderConfig
 
 F32 = jnp.float32
@@ -105,6 +105,12 @@ class Decoder(nnx.Module):
     def output_embedding(self) -> jax.Array:  # [V, D]
         return (self.embed if self.config.tie_embeddings else self.unembed)[...]
 
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """The output head on final hidden states [..., D] (a forward pass's [B, T, D], a decode step's [B, D])
+        -> float32 logits [..., V]. For scoring at scale the log-prob kernel takes the same head a vocabulary
+        chunk at a time (`kernels.logprobs`), never [B, T, V] at once."""
+        return unembed(hidden, self.output_embedding, self.config.final_softcap)
+
     def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,
                  attend_to: jax.Array | None = None, *, remat: bool = False, return_kv: bool = False,
                  blockwise: bool | None = None):
@@ -149,9 +155,13 @@ class Decoder(nnx.Module):
         decoding loop's carry)."""
         c = self.config
         x = self.embed_tokens(tokens[:, None])  # [B, 1, D]
-        slots = jnp.arange(cache_k.shape[2])
-        glob = (slots[None, :] < positions[:, None])[:, None, :]  # [B, 1, S]
-        local = glob & ((positions[:, None] - slots[None, :]) < (c.sliding_window or 1 << 30))[:, None, :]
+        slots = jnp.arange(cache_k.shape[2])[None, :]  # [1, S]: slot s holds position s
+        # `visible`, the one mask rule, for a query that sees the cached slots before its position (its own
+        # key is attended apart, `cached_attention`): causally it stands at the column of the last of them
+        pos = positions[:, None]  # [B, 1]
+        def mask(window):  # -> [B, 1, S]
+            return visible(pos - 1, slots, 1, 0, pos, 1, slots, window)[:, None, :]
+        glob, local = mask(NO_WINDOW), mask(c.sliding_window or NO_WINDOW)
         ropes = rope_tables(c, positions[:, None])
 
         def block(x, layer):
@@ -255,6 +265,23 @@ def rope_tables(c: DecoderConfig, positions: jax.Array) -> RopeTables:
     glob = rope_table(positions, inverse_frequencies(c.head_dim, c.rope_base, c.rope_llama3))
     local = rope_table(positions, inverse_frequencies(c.head_dim, c.local_rope_base)) if any(c.local_layers) else glob
     return RopeTables(glob, local)
+
+
+def right_padded(lengths: jax.Array, length: int) -> tuple[jax.Array, jax.Array]:
+    """Positions and segment ids [B, T] of rows holding one sequence each from column 0, lengths [B] tokens,
+    padding after (segment 0): prompts for a prefill, training prompts."""
+    positions = jnp.broadcast_to(jnp.arange(length), (lengths.shape[0], length))
+    return positions, (positions < lengths[:, None]).astype(jnp.int32)
+
+
+def unembed(hidden: jax.Array, rows: jax.Array, cap: float | None) -> jax.Array:
+    """The output head: hidden [..., D] against rows of the output matrix [V, D] (or each hidden state's own
+    rows [..., K, D], say the option letters) -> float32 logits [..., V] (or [..., K]), soft-capped (Gemma 2).
+    Where hidden states and rows share a dtype the matmul runs in it, accumulated in float32 (bfloat16 products
+    are exact in float32); mixed dtypes go through float32."""
+    common = hidden.dtype if hidden.dtype == rows.dtype else F32
+    spec = "...d,vd->...v" if rows.ndim == 2 else "...d,...vd->...v"
+    return softcap(jnp.einsum(spec, hidden.astype(common), rows.astype(common), preferred_element_type=F32), cap)
 
 
 def attention_masks(c: DecoderConfig, positions, segment_ids, attend_to=None, *,

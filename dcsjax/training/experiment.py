@@ -30,6 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from dcsjax.kernels.dcs import loadings_from_threshold as loadings
+from dcsjax.metrics.bootstrap import resample_indices
 from dcsjax.training.data import CONSTRUCTIONS, DEFAULT_TASKS, SPLITS, abstention_splits, write_jsonl
 from dcsjax.training.features import letter_features, load_features, save_features
 from dcsjax.training.policies import (
@@ -212,7 +213,7 @@ def threshold_results(t: float, start: dict, models: dict, kind: np.ndarray, n_b
     """Every policy at t on the test split: metrics with intervals, thresholds, and the paired differences
     of each DCS-trained policy against each post-hoc baseline."""
     _, lw = loadings(t)
-    indices = np.random.default_rng(0).integers(0, len(kind), (n_boot, len(kind)))
+    indices = resample_indices(len(kind), n_boot, seed=0)  # the same resamples for every policy: pairs
     policies: dict[str, tuple] = {}  # name -> (Outcomes, extra info)
     tau = tune_threshold(start["dev"], lw)
     policies["start"] = (outcomes([start["test"]], [own_choice(start["test"])], lw, soft=True), {})

@@ -21,6 +21,8 @@ from flax import nnx
 
 from dcsjax.data.items import Item
 from dcsjax.errors import InputError
+from dcsjax.kernels.packing import round_up
+from dcsjax.nn.decoder import right_padded
 from dcsjax.protocols.dcs import letters_context
 
 
@@ -59,9 +61,7 @@ def letter_prompts(scorer, items: Sequence[Item], lc: float = 1.0, lw: float = 1
 @partial(jax.jit, static_argnums=(0, 2))
 def _frozen_residual(graphdef, state, num_layers: int, tokens, length):
     model = nnx.merge(graphdef, state)
-    t = tokens.shape[1]
-    positions = jnp.broadcast_to(jnp.arange(t), tokens.shape)
-    segments = (positions < length[:, None]).astype(jnp.int32)
+    positions, segments = right_padded(length, tokens.shape[1])
     return model.residual(tokens, positions, segments, num_layers).astype(jnp.float32)
 
 
@@ -73,7 +73,7 @@ def letter_features(scorer, items: Sequence[Item], top_layers: int, *, lc: float
         raise InputError(f"top_layers must lie in 1..{c.num_layers}, not {top_layers}")
     prompts = letter_prompts(scorer, items, lc, lw)
     n, k_max = len(items), max(len(letters) for _, letters, _ in prompts)
-    t = -(-max(len(ids) for ids, _, _ in prompts) // 32) * 32  # one padded length: one compile
+    t = round_up(max(len(ids) for ids, _, _ in prompts))  # one padded length: one compile
     tokens = np.zeros((n, t), np.int32)
     length = np.array([len(ids) for ids, _, _ in prompts], np.int32)
     letters = np.zeros((n, k_max), np.int32)

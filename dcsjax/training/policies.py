@@ -23,23 +23,22 @@ from typing import NamedTuple
 import numpy as np
 
 from dcsjax.kernels.dcs import dcs, option_masses
-from dcsjax.metrics.calibration import Distributions
+from dcsjax.metrics.bootstrap import percentile_interval
+from dcsjax.metrics.calibration import Distributions, forced_pick, own_pick
 
 ABSTAIN = -1
 
 
 def own_choice(d: Distributions) -> np.ndarray:
-    """[N] the option answered, or ABSTAIN where IDK is the most probable entry."""
-    probs = np.where(np.asarray(d.valid), np.asarray(d.probs), -1.0)
-    pick = probs.argmax(-1)
-    return np.where(np.asarray(d.idk)[np.arange(len(pick)), pick], ABSTAIN, pick)
+    """[N] the option answered, or ABSTAIN where IDK is the most probable entry (`metrics.own_pick`)."""
+    pick, abstain = own_pick(d)
+    return np.where(np.asarray(abstain), ABSTAIN, np.asarray(pick))
 
 
 def forced(d: Distributions) -> tuple[np.ndarray, np.ndarray]:
-    """[N] the most probable answer option (IDK excluded) and its probability in the whole distribution."""
-    probs = np.where(np.asarray(d.valid) & ~np.asarray(d.idk), np.asarray(d.probs), -1.0)
-    pick = probs.argmax(-1)
-    return pick, probs[np.arange(len(pick)), pick]
+    """[N] the forced answer and its probability (`metrics.forced_pick`), as numpy arrays."""
+    pick, confidence = forced_pick(d)
+    return np.asarray(pick), np.asarray(confidence)
 
 
 def gains(d: Distributions, answer: np.ndarray, lw: float) -> np.ndarray:
@@ -111,9 +110,9 @@ def summarise(o: Outcomes, kind: np.ndarray, indices: np.ndarray) -> dict[str, l
     point, boot = metrics_of(o, kind), metrics_of(o, kind, indices)
     out = {}
     for name, value in point.items():
-        resampled = boot[name][np.isfinite(boot[name])]  # a resample without such items has no value
-        if np.isfinite(value[0]) and resampled.size:  # NaN: no such items, or a policy without a distribution
-            out[name] = [float(value[0]), *map(float, np.percentile(resampled, [2.5, 97.5]))]
+        # NaN: no such items, or a policy without a distribution; a resample without such items has no value
+        if np.isfinite(value[0]) and np.isfinite(boot[name]).any():
+            out[name] = [float(value[0]), *percentile_interval(boot[name])]
         else:
             out[name] = [None, None, None]
     return out
@@ -124,5 +123,4 @@ def paired(a: Outcomes, b: Outcomes, indices: np.ndarray) -> list[float]:
     low, high] over the item resamples, and the share of resamples at or below 0."""
     diff = a.gain.mean(0) - b.gain.mean(0)  # [N]
     boot = diff[indices].mean(-1)
-    low, high = np.percentile(boot, [2.5, 97.5])
-    return [float(diff.mean()), float(low), float(high), float(np.mean(boot <= 0))]
+    return [float(diff.mean()), *percentile_interval(boot), float(np.mean(boot <= 0))]

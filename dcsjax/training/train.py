@@ -41,10 +41,11 @@ from jax.sharding import PartitionSpec as P
 
 from dcsjax.errors import ConfigError
 from dcsjax.kernels.dcs import dcs, option_masses
+from dcsjax.kernels.packing import round_up
 from dcsjax.metrics.calibration import ABSTENTION_METRICS, Distributions
-from dcsjax.nn.attention import softcap
 from dcsjax.nn.decoder import (
-    LowRank, attention_masks, layer_flags, layer_param_shapes, normalize, readout_block, rope_tables, run_blocks,
+    LowRank, attention_masks, layer_flags, layer_param_shapes, normalize, readout_block, right_padded, rope_tables,
+    run_blocks, unembed,
 )
 from dcsjax.sharding import make_mesh
 from dcsjax.training.features import LetterFeatures
@@ -151,8 +152,7 @@ def letter_logits(c, params: dict, output_embedding: jax.Array, hidden: jax.Arra
     """hidden [B, T, D] (after the frozen layers), length [B], letters [B, K] -> [B, K] float32 logits of
     each option letter as the next token after the prompt's last token."""
     top = jax.tree.leaves(params["layers"])[0].shape[0]
-    positions = jnp.broadcast_to(jnp.arange(hidden.shape[1]), hidden.shape[:2])
-    segments = (positions < length[:, None]).astype(jnp.int32)
+    positions, segments = right_padded(length, hidden.shape[1])
     below = jax.tree.map(lambda a: a[:-1], params["layers"])  # every trained block but the last runs whole
     x, _ = run_blocks(c, below, layer_flags(c, c.num_layers - top, -1), hidden, positions, segments,
                       remat=REMAT_BLOCKS)  # no effect without a gradient (scoring)
@@ -163,7 +163,7 @@ def letter_logits(c, params: dict, output_embedding: jax.Array, hidden: jax.Arra
     last = readout_block(c, jax.tree.map(lambda a: a[-1], params["layers"]), x, ropes.pick(flags), masks.pick(flags),
                          length - 1)  # [B, D]
     h = normalize(c, last, params["final_norm"], params.get("final_norm_bias")).astype(jnp.float32)
-    return softcap(jnp.einsum("bd,bkd->bk", h, output_embedding[letters].astype(jnp.float32)), c.final_softcap)
+    return unembed(h, output_embedding[letters], c.final_softcap)  # [B, K]: the letters' rows of the head
 
 
 # ------------------------------------------------------------------------------------------------ loss
@@ -226,13 +226,11 @@ def _logits(c, params, embedding, hidden, length, letters):
     return letter_logits(c, params, embedding, hidden, length, letters)
 
 
-LENGTH_BUCKET = 64  # a batch is cut to its longest prompt, rounded up to this: few shapes (each one compile), little padding
-
-
 def cut_length(length: np.ndarray, padded: int) -> int:
-    """The prompt length a batch is run at: its longest prompt rounded up to LENGTH_BUCKET. Positions past
-    a prompt are padding that no prompt token attends to, so cutting them changes no logit."""
-    return min(padded, -(-int(np.max(length)) // LENGTH_BUCKET) * LENGTH_BUCKET)
+    """The prompt length a batch is run at: its longest prompt rounded up (`packing.round_up`: few shapes,
+    each one compile, little padding). Positions past a prompt are padding that no prompt token attends to,
+    so cutting them changes no logit."""
+    return min(padded, round_up(int(np.max(length))))
 
 
 def predict_logits(c, params, embedding, features: LetterFeatures, batch_size: int = 32) -> np.ndarray:
