@@ -25,10 +25,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def main() -> None:
     import dcsjax
-    from dcsjax import protocols
+    from dcsjax.eval import protocols
     from dcsjax.data.tasks import load_task, resolve_task
-    from dcsjax.evaluate import CHUNK, MAX_CHUNK, read_records, run_eval, write_spans
-    from dcsjax.results import environment
+    from dcsjax.eval.run import CHUNK, MAX_CHUNK, read_records, run_eval, write_spans
+    from dcsjax.eval.results import environment
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")

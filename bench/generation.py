@@ -39,7 +39,7 @@ WORKLOADS = ("apx", "long", "statements")
 def prompts_of(scorer, workload: str, n: int) -> list[list[int]]:
     """The first n items of TASKS as the workload's prompts: APX's (apx, long) or statement generation's."""
     from dcsjax.data.tasks import load_task, resolve_task
-    from dcsjax.protocols import apx
+    from dcsjax.eval.protocols import apx
     from dcsjax.statements import generate as statements
 
     prompt_ids = statements.prompt_ids if workload == "statements" else apx.prompt_ids
@@ -84,8 +84,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     import dcsjax
-    from dcsjax.fetch import fetch_model
-    from dcsjax.generate import _extra_stops, generate
+    from dcsjax.checkpoints.fetch import fetch_model
+    from dcsjax.engine.generate import _extra_stops, generate
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -136,7 +136,7 @@ def main() -> None:
                      "ratio_to_peer": round(peer_s / ours_s, 2),
                      "same_tokens": same})
         print(rows[-1], flush=True)
-    from dcsjax.results import environment
+    from dcsjax.eval.results import environment
 
     record = {"model": args.model, "rows": rows, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "arguments": vars(args),
@@ -144,7 +144,7 @@ def main() -> None:
     out = Path(args.out) / f"generation-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))
-    from dcsjax.tables import render
+    from dcsjax.eval.tables import render
 
     print(render(["workload", "new tokens", "dcsjax tokens/s", "first pass (compiles)", "peer tokens/s", "x peer",
                   "same tokens"],

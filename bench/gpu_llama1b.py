@@ -23,11 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dcsjax.generate import generate
+from dcsjax.engine.generate import generate
 from dcsjax.nn.attention import takes_blockwise
 from dcsjax.nn.config import GEMMA_TRAITS, DecoderConfig
 from dcsjax.nn.decoder import Decoder
-from dcsjax.scorer import Scorer
+from dcsjax.engine.scorer import Scorer
 from peak import matmul_rate  # bench/peak.py, beside this script
 
 LLAMA_1B = DecoderConfig(architecture="llama", vocab_size=128256, hidden_size=2048, num_layers=16, num_heads=32,

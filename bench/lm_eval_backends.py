@@ -70,8 +70,8 @@ def main() -> None:
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from dcsjax.fetch import fetch_model
-    from dcsjax.harness import DcsjaxLM
+    from dcsjax.checkpoints.fetch import fetch_model
+    from dcsjax.lmeval.backend import DcsjaxLM
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -111,7 +111,7 @@ def main() -> None:
     out = Path(args.out) / f"lm-eval-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))
-    from dcsjax.tables import render
+    from dcsjax.eval.tables import render
 
     print(render(["backend", "load s", "whole run s (load included)", "second run s (model loaded)"],
                  [[r["backend"], r["load_s"], r["first_run_s"], r["loaded_run_s"]] for r in rows], "markdown",

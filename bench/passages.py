@@ -116,7 +116,7 @@ def main() -> None:
     path = out / f"passages-{time.strftime('%Y%m%d-%H%M%S')}.json"
     import torch
 
-    from dcsjax.results import environment
+    from dcsjax.eval.results import environment
 
     path.write_text(json.dumps({"device": jax.devices()[0].device_kind, "cpu": cpu_name(), "cores": os.cpu_count(),
                                 "matmul_gflops_float32": peak, "arguments": vars(args),

@@ -128,7 +128,7 @@ def main() -> None:
               f"{ph['values_matmul_s']:7.2f} {1e3 * r['tiles_sum_per_layer_s']:6.0f} {1e3 * r['blockwise_per_layer_s']:6.0f}")
     print("(seconds per row: decoder forward, attention over all layers; per layer: a tile's passes in ms, "
           "their sum over the live tiles and the whole tiled call in ms)")
-    from dcsjax.results import environment
+    from dcsjax.eval.results import environment
 
     out = Path(args.out) / f"profile-attention-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

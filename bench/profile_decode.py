@@ -1,4 +1,4 @@
-"""Where a greedy decode's time goes: `dcsjax.generate._decode` (one prefill, then the decoding loop) on
+"""Where a greedy decode's time goes: `dcsjax.engine.generate._decode` (one prefill, then the decoding loop) on
 APX's prompts with a fixed budget of new tokens (no early stop), traced with `jax.profiler`, its XLA
 operations summed by what they do (weight matmuls, the output head, attention over the KV cache, writing
 the cache, copies, the rest), per decode step: a run of N new tokens less a run of one, over N - 1.
@@ -62,9 +62,9 @@ def main() -> None:
     import jax.numpy as jnp
 
     import dcsjax
-    from dcsjax.generate import _decode
-    from dcsjax.kernels.packing import bucket_for
-    from dcsjax.results import environment
+    from dcsjax.engine.generate import _decode
+    from dcsjax.engine.packing import bucket_for
+    from dcsjax.eval.results import environment
     from generation import prompts_of
     from xla_ops import origins, traced_seconds
 

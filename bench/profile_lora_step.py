@@ -56,7 +56,7 @@ def main() -> None:
     import jax.numpy as jnp
 
     import dcsjax
-    from dcsjax.results import environment
+    from dcsjax.eval.results import environment
     from dcsjax.training.data import abstention_splits
     from dcsjax.training.features import letter_features
     from dcsjax.training.train import TrainConfig, _train_step, cut_length, init_trainable, optimizer_for, top_params

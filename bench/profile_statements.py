@@ -121,9 +121,9 @@ def torch_matmuls(c, m: int, dtype: str, repeats: int, chunk: int) -> tuple[floa
 def profile(model: str, dtype: str, n: int, batch_size: int, repeats: int, with_torch: bool = True,
             logprobs_to: Path | None = None) -> dict:
     import dcsjax
-    from dcsjax.kernels.logprobs import token_logprobs_and_greedy
-    from dcsjax.kernels.packing import Group, make_batch
-    from dcsjax.scorer import _batch_logprobs
+    from dcsjax.engine.logprobs import token_logprobs_and_greedy
+    from dcsjax.engine.packing import Group, make_batch
+    from dcsjax.engine.scorer import _batch_logprobs
 
     scorer = dcsjax.load(model, dtype=dtype)
     scorer.batch_size = batch_size
@@ -232,7 +232,7 @@ def main() -> None:
               f"{number(r['torch_block_gflops'], 6)} | {number(r['xla_head_gflops'], 8)} {number(r['torch_head_gflops'], 6)} | "
               f"{r['matmul_share_of_whole']:19.2f}")
     print("(milliseconds per batch; blocks: every block's weight matmuls; head: the output matrix over vocabulary chunks)")
-    from dcsjax.results import environment
+    from dcsjax.eval.results import environment
 
     out = Path(args.out) / f"profile-statements-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

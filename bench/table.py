@@ -6,7 +6,7 @@
 import json
 import sys
 
-from dcsjax.tables import render
+from dcsjax.eval.tables import render
 
 
 def config(r: dict) -> str:

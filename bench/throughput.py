@@ -64,7 +64,7 @@ def long_texts(tokenizer, n: int) -> list[str]:
 
 def option_items(n: int):
     from dcsjax.data.tasks import load_task, resolve_task
-    from dcsjax.protocols.mcqa import mcqa_context
+    from dcsjax.eval.protocols.mcqa import mcqa_context
 
     items = load_task(resolve_task("bigbench:logical_deduction/five_objects"))[0][:n]
     return [mcqa_context(i) for i in items], [[" " + c for c in i.choices] for i in items]
@@ -90,7 +90,7 @@ def timed(fn, repeats: int = 2) -> tuple[float, object]:
 
 
 def dcsjax_statements(scorer, texts, batch_size: int, pack: bool, repeats: int):
-    from dcsjax.scorer import Scorer
+    from dcsjax.engine.scorer import Scorer
 
     scorer.batch_size, scorer.pack = batch_size, pack
     before = Scorer.compile_count()
@@ -107,7 +107,7 @@ class Peer:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from dcsjax.fetch import fetch_model
+        from dcsjax.checkpoints.fetch import fetch_model
 
         torch.set_num_threads(os.cpu_count() or 1)
         path = fetch_model(name)
@@ -258,7 +258,7 @@ def main(argv=None) -> None:
     path = out / f"throughput-{time.strftime('%Y%m%d-%H%M%S')}.json"
     import torch
 
-    from dcsjax.results import environment
+    from dcsjax.eval.results import environment
 
     path.write_text(json.dumps({"matmul_gflops": peak, "torch_matmul_gflops": torch_peak, "cpu": cpu_name(),
                                 "device": jax.devices()[0].device_kind, "cores": os.cpu_count(),

@@ -1,7 +1,7 @@
 """dcsjax: scoring language models on multiple-choice benchmarks with JAX/Flax.
 
-The public entry point is `load`, which returns a `Scorer` (see `dcsjax.scorer`). The model stack (flax,
-transformers) is imported on first use, so `import dcsjax.analysis` or `dcsjax.results` stays light.
+The public entry point is `load`, which returns a `Scorer` (see `dcsjax.engine.scorer`). The model stack (flax,
+transformers) is imported on first use, so `import dcsjax.analysis` or `dcsjax.eval.results` stays light.
 """
 
 from dcsjax.errors import CheckpointError, ConfigError, DcsjaxError, FetchError, InputError, UnknownModelError
@@ -10,8 +10,8 @@ __version__ = "0.1.0"
 __all__ = ["load", "Scorer", "dcs", "loadings_from_threshold", "DcsjaxError", "CheckpointError", "ConfigError",
            "FetchError", "InputError", "UnknownModelError", "__version__"]
 
-_LAZY = {"load": "dcsjax.loading", "Scorer": "dcsjax.scorer", "dcs": "dcsjax.kernels.dcs",
-         "loadings_from_threshold": "dcsjax.kernels.dcs"}
+_LAZY = {"load": "dcsjax.engine.load", "Scorer": "dcsjax.engine.scorer", "dcs": "dcsjax.metrics.dcs",
+         "loadings_from_threshold": "dcsjax.metrics.dcs"}
 
 
 def __getattr__(name: str):

@@ -23,14 +23,14 @@ DOCUMENT_START_HELP = ("the token that starts a document in the model's pretrain
 
 
 def _table(rows: list[list[object]], header: list[str]) -> str:
-    """A plain-text table (`dcsjax.tables`), its first column left-aligned and the rest right-aligned."""
-    from dcsjax.tables import render
+    """A plain-text table (`dcsjax.eval.tables`), its first column left-aligned and the rest right-aligned."""
+    from dcsjax.eval.tables import render
 
     return render(header, rows, numeric=range(1, len(header)))
 
 
 def cmd_fetch(args) -> int:
-    from dcsjax.fetch import fetch_model
+    from dcsjax.checkpoints.fetch import fetch_model
 
     for name in args.models:
         if name == "bigbench":
@@ -43,7 +43,7 @@ def cmd_fetch(args) -> int:
 
 
 def cmd_models(args) -> int:
-    from dcsjax.cards import model_card, model_card_names
+    from dcsjax.checkpoints.cards import model_card, model_card_names
 
     rows = [[c.name, c.display_name, c.architecture, c.variant, f"{c.parameters / 1e6:.0f}M"]
             for c in map(model_card, model_card_names())]
@@ -74,10 +74,10 @@ def cmd_score(args) -> int:
 def cmd_eval(args) -> int:
     from pathlib import Path
 
-    from dcsjax.evaluate import format_table, run_eval
+    from dcsjax.eval.run import format_table, run_eval
 
     if args.distributed or args.coordinator or args.num_processes:
-        from dcsjax.distributed import initialize
+        from dcsjax.engine.distributed import initialize
 
         initialize(args.coordinator, args.num_processes, args.process_id)
     start = time.perf_counter()
@@ -98,7 +98,7 @@ def cmd_eval(args) -> int:
 
 
 def _protocols():
-    from dcsjax.protocols import registry
+    from dcsjax.eval.protocols import registry
 
     return registry()
 
@@ -273,8 +273,8 @@ def _train_parser(sub) -> None:
 def cmd_export_lm_eval(args) -> int:
     from pathlib import Path
 
-    from dcsjax.results import write_json_atomic
-    from dcsjax.results_lm_eval import to_lm_eval
+    from dcsjax.eval.results import write_json_atomic
+    from dcsjax.lmeval.export import to_lm_eval
 
     try:
         exported = to_lm_eval(Path(args.results))
@@ -289,7 +289,7 @@ def cmd_export_lm_eval(args) -> int:
 
 def cmd_lm_eval(argv: list[str]) -> int:
     try:
-        from dcsjax.harness import main as harness_main
+        from dcsjax.lmeval.backend import main as harness_main
     except ModuleNotFoundError as err:
         if err.name is None or not err.name.startswith("lm_eval"):
             raise
@@ -300,8 +300,8 @@ def cmd_lm_eval(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dcsjax.protocols import IDK_PHRASINGS
-    from dcsjax.protocols.options import DEFAULT_ORDER, ORDERS
+    from dcsjax.eval.protocols import IDK_PHRASINGS
+    from dcsjax.eval.protocols.options import DEFAULT_ORDER, ORDERS
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lm-eval"]:  # every later argument is lm-eval's own (its parser reads them)

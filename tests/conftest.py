@@ -69,7 +69,7 @@ def reference_dir(name: str) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from dcsjax.fetch import fetch_model
+    from dcsjax.checkpoints.fetch import fetch_model
 
     path = fetch_model(name)
     stat = path.stat()
@@ -103,7 +103,7 @@ def reference_tokenizer(name: str):
 
     from transformers import AutoTokenizer
 
-    from dcsjax.fetch import fetch_model
+    from dcsjax.checkpoints.fetch import fetch_model
 
     if name not in _reference_tokenizers:
         path, model_folder = fetch_model(name), reference_dir(name)

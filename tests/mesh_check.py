@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import dcsjax
-from dcsjax.scorer import _batch_logprobs
-from dcsjax.sharding import batch_sharding
+from dcsjax.engine.scorer import _batch_logprobs
+from dcsjax.engine.sharding import batch_sharding
 
 TEXTS = [f"Statement {i}: " + " ".join(["the sharded model scores this text"] * (1 + i % 7)) for i in range(24)]
 
@@ -35,7 +35,7 @@ def gathered_shapes(hlo: str) -> list[tuple[int, ...]]:
 def naive_all_gathers(scorer) -> list[tuple[int, ...]]:
     """The control: the one-device kernel jitted on the same sharded matrix, leaving the partitioner to
     reconcile its vocabulary chunks with the shards: it gathers the whole matrix."""
-    from dcsjax.kernels.logprobs import token_logprobs
+    from dcsjax.engine.logprobs import token_logprobs
 
     w = scorer.model.output_embedding
     h = jax.device_put(np.zeros((scorer.batch_size, 64, w.shape[1]), np.float32), batch_sharding(scorer.mesh))
@@ -49,7 +49,7 @@ def eval_on_mesh(name) -> dict:
     import tempfile
     from pathlib import Path
 
-    from dcsjax.evaluate import read_records, run_eval
+    from dcsjax.eval.run import read_records, run_eval
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,8 +5,8 @@ import pytest
 
 from conftest import reference_for, scorer_for
 from dcsjax.data.items import Item
-from dcsjax.generate import greedy_generate
-from dcsjax.protocols.apx import SYSTEM_PROMPT, parse_answer, prompt_ids, question_prompt
+from dcsjax.engine.generate import greedy_generate
+from dcsjax.eval.protocols.apx import SYSTEM_PROMPT, parse_answer, prompt_ids, question_prompt
 
 ITEM = Item(id="hk/2", question="Which of these texts is not a Hindu scripture?",
             choices=("Vedas", "Upanishads", "Koran", "Aranyakas"), correct=(2,))

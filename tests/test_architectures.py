@@ -242,7 +242,7 @@ def test_greedy_decoding_matches_transformers(family, tmp_path):
     logits, Falcon runs attention and MLP side by side) gives transformers' greedy tokens."""
     import torch
 
-    from dcsjax.generate import greedy_generate
+    from dcsjax.engine.generate import greedy_generate
 
     model = write_tiny(family, tmp_path)
     scorer = dcsjax.load(tmp_path, document_start="<|endoftext|>")

@@ -87,7 +87,7 @@ def test_a_long_row_scores_the_same_alone_and_in_a_batch(smollm2):
     """Rows of 1024 tokens and more go blockwise; a sequence there is alone in its row at offset 0, and its
     scores do not depend on the rows beside it (the same bits, as for the dense path)."""
     from conftest import PASSAGE
-    from dcsjax.scorer import Scorer
+    from dcsjax.engine.scorer import Scorer
 
     ids = smollm2.encode([PASSAGE])[0]
     texts = [ids[:700], ids[100:900], ids[300:1200]]
@@ -100,7 +100,7 @@ def test_a_long_row_scores_the_same_alone_and_in_a_batch(smollm2):
 def test_a_32k_token_gemma_row_needs_under_2_gib_beyond_its_weights(gemma3):
     """XLA's own memory analysis of the scorer's compiled step for one 32,768-token row (the dense path
     would hold 17 GB of attention scores alone)."""
-    from dcsjax.scorer import _batch_logprobs
+    from dcsjax.engine.scorer import _batch_logprobs
 
     row = jax.ShapeDtypeStruct((1, 32768), jnp.int32)
     compiled = _batch_logprobs.lower(gemma3.graphdef, gemma3.vocab_chunk, None, gemma3.state,

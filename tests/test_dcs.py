@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from dcsjax.data.bigbench import _find_choice
-from dcsjax.kernels.dcs import dcs, dcs_parts, loadings_from_threshold
+from dcsjax.metrics.dcs import dcs, dcs_parts, loadings_from_threshold
 
 
 def numpy_dcs(probs, correct, idk, lc, lw):
@@ -55,7 +55,7 @@ def test_elementwise_dcs_and_loadings():
 def test_letters_prompt_uses_the_chat_template_of_instruct_models():
     from conftest import scorer_for
     from dcsjax.data.items import Item
-    from dcsjax.protocols.dcs import letters_context
+    from dcsjax.eval.protocols.dcs import letters_context
 
     item = Item(id="x", question="When was Abraham Lincoln born?", choices=("February 12, 1809", "Unknown"),
                 correct=(0,), idk=1)

@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcsjax.kernels.dcs import dcs, dcs_parts, loadings_from_threshold
+from dcsjax.metrics.dcs import dcs, dcs_parts, loadings_from_threshold
 
 probability = st.floats(0.0, 1.0, allow_nan=False)
 loading = st.floats(0.05, 20.0, allow_nan=False)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from conftest import scorer_for
-from dcsjax.evaluate import run_eval
+from dcsjax.eval.run import run_eval
 
 TASK, PROTOCOLS, LIMIT = "known_unknowns", ["qa-ppl", "dcs", "apx"], 10
 

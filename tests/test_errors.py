@@ -6,7 +6,7 @@ import pytest
 
 import dcsjax
 from dcsjax.errors import CheckpointError, InputError, UnknownModelError
-from dcsjax.fetch import fetch_model
+from dcsjax.checkpoints.fetch import fetch_model
 
 
 def test_empty_text_is_named(smollm2):

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import scorer_for
 from dcsjax.data.tasks import load_task, resolve_task
-from dcsjax.evaluate import format_table, length_hint, read_records, run_eval
+from dcsjax.eval.run import format_table, length_hint, read_records, run_eval
 
 TASK, PROTOCOLS, LIMIT = "known_unknowns", ["dcs", "qa-ppl"], 24
 
@@ -66,7 +66,7 @@ def test_resume_after_sigkill_gives_identical_files(tmp_path, whole_run, protoco
     """A multi-chunk run of two protocols (24 items in chunks of 4) killed with SIGKILL, in either protocol,
     and started again writes byte-identical records, fingerprints included."""
     broken = tmp_path / "broken"
-    code = (f"from dcsjax.evaluate import run_eval; run_eval('smollm2-135m-instruct', [{TASK!r}], {PROTOCOLS!r}, "
+    code = (f"from dcsjax.eval.run import run_eval; run_eval('smollm2-135m-instruct', [{TASK!r}], {PROTOCOLS!r}, "
             f"{str(broken)!r}, limit={LIMIT}, progress=False, chunk=4, max_chunk=4)")
     proc = subprocess.Popen([sys.executable, "-c", code], env=os.environ.copy())
     target = broken / "smollm2-135m-instruct" / "known_unknowns" / f"{protocol}.jsonl"

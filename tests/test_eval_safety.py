@@ -12,8 +12,8 @@ from conftest import scorer_for
 from dcsjax.analysis.report import write_report
 from dcsjax.cli import main
 from dcsjax.errors import ConfigError
-from dcsjax.evaluate import run_eval
-from dcsjax.results import ResultsError, read_errors, read_records
+from dcsjax.eval.run import run_eval
+from dcsjax.eval.results import ResultsError, read_errors, read_records
 
 MODEL = "smollm2-135m-instruct"
 
@@ -162,7 +162,7 @@ def test_api_argument_checks():
 
 def test_a_damaged_tokenizer_cache_is_rebuilt(tmp_path, monkeypatch):
     import dcsjax
-    from dcsjax.fetch import fetch_model
+    from dcsjax.checkpoints.fetch import fetch_model
 
     path = fetch_model(MODEL)
     monkeypatch.setenv("DCSJAX_CACHE", str(tmp_path))  # the tokenizer cache only; the model loads by path

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from dcsjax import fetch
-from dcsjax.cards import model_card
+from dcsjax.checkpoints import fetch
+from dcsjax.checkpoints.cards import model_card
 from dcsjax.errors import CheckpointError, FetchError
 
 

@@ -10,8 +10,8 @@ import pytest
 from conftest import scorer_for
 from dcsjax.data.tasks import load_task, resolve_task
 from dcsjax.errors import ConfigError
-from dcsjax.evaluate import read_records, run_eval
-from dcsjax.protocols.apx import SYSTEM_PROMPT
+from dcsjax.eval.run import read_records, run_eval
+from dcsjax.eval.protocols.apx import SYSTEM_PROMPT
 
 TASK, K, LIMIT = "general_knowledge", 2, 8
 
@@ -37,9 +37,9 @@ def test_exemplars_are_other_items_seeded_per_item_and_recorded(fewshot_run):
     assert [r["fewshot"] for r in mcqa] == [r["fewshot"] for r in apx]  # the same exemplars for both protocols
     assert len({tuple(r["fewshot"]) for r in mcqa}) > 1  # drawn per item, not one fixed set
     # an item's exemplars do not depend on which other items run with it: the last item scored alone
-    from dcsjax import protocols
-    from dcsjax.evaluate import score_items
-    from dcsjax.protocols.fewshot import Exemplars
+    from dcsjax.eval import protocols
+    from dcsjax.eval.run import score_items
+    from dcsjax.eval.protocols.fewshot import Exemplars
 
     all_items = list(_items().values())
     ctx = protocols.Context(scorer_for("smollm2-135m-instruct"), resolve_task(TASK),

@@ -10,7 +10,7 @@ from gguf.quants import quantize
 
 from dcsjax.checkpoints.gguf_file import open_gguf, read_gguf
 from dcsjax.errors import CheckpointError
-from dcsjax.fetch import fetch_model
+from dcsjax.checkpoints.fetch import fetch_model
 
 
 def assert_same_as_gguf_reader(path):

@@ -129,7 +129,7 @@ def test_winogrande_is_scored_as_lm_eval_scores_it(tmp_path):
     option as the context, the rest of the sentence (after " ") as the continuation."""
     from conftest import scorer_for
     from dcsjax.data.tasks import declarative_statements, resolve_task
-    from dcsjax.protocols.mcqa import partial_contexts, run_mcqa
+    from dcsjax.eval.protocols.mcqa import partial_contexts, run_mcqa
 
     card = resolve_task("winogrande")
     row = {"sentence": "Sarah was a much better surgeon than Maria so _ always got the harder cases.",

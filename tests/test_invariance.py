@@ -14,8 +14,8 @@ import pytest
 from flax import nnx
 
 from conftest import PASSAGE, scorer_for
-from dcsjax.kernels.logprobs import token_logprobs
-from dcsjax.scorer import Scorer
+from dcsjax.engine.logprobs import token_logprobs
+from dcsjax.engine.scorer import Scorer
 
 ROW = 128
 

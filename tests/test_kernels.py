@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import PASSAGE
-from dcsjax.kernels.logprobs import reduce_logprobs, token_logprobs
-from dcsjax.scorer import _batch_logprobs
+from dcsjax.engine.logprobs import reduce_logprobs, token_logprobs
+from dcsjax.engine.scorer import _batch_logprobs
 
 
 def float64_logprobs(hidden: np.ndarray, out_embed: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -31,7 +31,7 @@ def test_chunked_kernel_matches_float64_on_random_data(vocab, chunk):
 def test_long_rows_are_taken_a_block_of_tokens_at_a_time(monkeypatch):
     """Rows longer than TOKEN_BLOCK go through the vocabulary one block of tokens at a time (the memory of a
     32k-token row: tests/test_attention.py); every token's log-prob is the one computed unsplit."""
-    from dcsjax.kernels import logprobs
+    from dcsjax.engine import logprobs
 
     rng = np.random.default_rng(1)
     hidden = rng.standard_normal((2, 64, 16)).astype(np.float32) * 3

@@ -38,7 +38,7 @@ def _evaluate(backend: str, model_name: str, tasks: list[str], include: Path = T
     from lm_eval.tasks import TaskManager
 
     from conftest import reference_for, reference_tokenizer, scorer_for
-    from dcsjax.harness import DcsjaxLM
+    from dcsjax.lmeval.backend import DcsjaxLM
 
     key = (backend, model_name, tuple(tasks), str(include))
     if key not in _runs:
@@ -172,7 +172,7 @@ def test_lm_eval_command_line_runs_the_dcsjax_backend(tmp_path, monkeypatch):
 
 def test_unknown_model_args_are_named():
     from dcsjax.errors import ConfigError
-    from dcsjax.harness import DcsjaxLM
+    from dcsjax.lmeval.backend import DcsjaxLM
 
     with pytest.raises(ConfigError, match="no model_args \\['temprature'\\]"):
         DcsjaxLM(pretrained="smollm2-135m-instruct", temprature=0.5)

@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcsjax.kernels.packing import Group, batch_heights, make_batch, plan_batches, rows_per_batch
+from dcsjax.engine.packing import Group, batch_heights, make_batch, plan_batches, rows_per_batch
 
 BUCKETS = (64, 128, 256)
 

@@ -10,9 +10,9 @@ N_TOKENS = 640
 
 
 def test_token_logprobs_and_greedy_tokens_match_transformers(model_name):
-    from dcsjax.kernels.packing import bucket_for
+    from dcsjax.engine.packing import bucket_for
     from dcsjax.nn.attention import takes_blockwise
-    from dcsjax.scorer import Scorer
+    from dcsjax.engine.scorer import Scorer
 
     scorer = scorer_for(model_name)
     ids = scorer.encode([PASSAGE])[0][:N_TOKENS]
@@ -61,7 +61,7 @@ def test_token_logprobs_and_greedy_tokens_match_transformers(model_name):
 
 def test_document_start_conditioning_matters_as_documented():
     """SmolLM2 scores the sentence at -17.3 after <|endoftext|>, -31.8 after <|im_start|> (DESIGN.md)."""
-    from dcsjax.scorer import Scorer
+    from dcsjax.engine.scorer import Scorer
 
     smol = scorer_for("smollm2-135m-instruct")
     sentence = "The capital of France is Paris."
@@ -87,7 +87,7 @@ def test_the_cached_reference_is_transformers_own_gguf_load():
     from transformers import AutoModelForCausalLM
 
     from conftest import reference_for
-    from dcsjax.fetch import fetch_model
+    from dcsjax.checkpoints.fetch import fetch_model
 
     name = "smollm2-135m-instruct"
     path = fetch_model(name)

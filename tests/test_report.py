@@ -10,7 +10,7 @@ import pytest
 from conftest import scorer_for
 from dcsjax.analysis.report import write_report
 from dcsjax.cli import main
-from dcsjax.evaluate import read_records, run_eval
+from dcsjax.eval.run import read_records, run_eval
 
 PNG = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("scaling.png", "scaling_by_task.png", "dcs_spectrum.png", "risk_coverage.png", "ppl.png", "positions.png")

@@ -1,4 +1,4 @@
-"""The results layout (`dcsjax.results`) on its own, no model: readers that never write, the lock, the
+"""The results layout (`dcsjax.eval.results`) on its own, no model: readers that never write, the lock, the
 atomic merged summary, valid JSON always, fingerprints that name what differs."""
 
 import json
@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from dcsjax import results
-from dcsjax.results import ReadReport, ResultsError, ResultsWriter
+from dcsjax.eval import results
+from dcsjax.eval.results import ReadReport, ResultsError, ResultsWriter
 
 
 def strict_json(text: str):
@@ -47,7 +47,7 @@ def test_only_the_writer_repairs_a_cut_last_line(tmp_path):
 def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from dcsjax.results import ResultsWriter
+        from dcsjax.eval.results import ResultsWriter
         with ResultsWriter({str(tmp_path)!r}):
             print("locked", flush=True)
             sys.stdin.readline()
@@ -137,8 +137,8 @@ def test_differences_name_nested_keys():
 
 
 def test_analysis_and_results_do_not_import_the_model_stack():
-    code = ("import sys, dcsjax.analysis.report, dcsjax.analysis.scaling, dcsjax.results; "
-            "print(sorted(m for m in ('flax', 'transformers', 'torch', 'dcsjax.loading') if m in sys.modules))")
+    code = ("import sys, dcsjax.analysis.report, dcsjax.analysis.scaling, dcsjax.eval.results; "
+            "print(sorted(m for m in ('flax', 'transformers', 'torch', 'dcsjax.engine.load') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "JAX_PLATFORMS": "cpu"}).stdout
     assert out.strip() == "[]"

@@ -3,8 +3,8 @@
 import numpy as np
 
 from conftest import PASSAGE, reference_logprobs
-from dcsjax.kernels.packing import batch_heights
-from dcsjax.scorer import Scorer
+from dcsjax.engine.packing import batch_heights
+from dcsjax.engine.scorer import Scorer
 
 
 def test_compiles_once_per_batch_shape(smollm2):

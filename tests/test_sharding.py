@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import F32_NATS
-from dcsjax.kernels.packing import batch_heights, rows_per_batch
-from dcsjax.sharding import RULES, make_mesh, partition_spec
+from dcsjax.engine.packing import batch_heights, rows_per_batch
+from dcsjax.engine.sharding import RULES, make_mesh, partition_spec
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import scorer_for
-from dcsjax.generate import generate, greedy_generate, sample_token
+from dcsjax.engine.generate import generate, greedy_generate, sample_token
 from dcsjax.statements.generate import filter_counts, generate_statements, parse_statements, template_statements
 from dcsjax.statements.validate import bleu, statement_metrics, summarise
 
@@ -105,7 +105,7 @@ def test_rule_based_cloze_path_needs_no_model(tmp_path):
 
 def test_generation_end_to_end_resumes_and_feeds_aps(tmp_path):
     from dcsjax.data.tasks import load_task, resolve_task
-    from dcsjax.evaluate import run_eval
+    from dcsjax.eval.run import run_eval
 
     scorer = scorer_for(SMOL)
     card = resolve_task("general_knowledge")

@@ -14,7 +14,7 @@ from conftest import PASSAGE, reference_tokenizer
 from dcsjax.checkpoints.gguf_file import open_gguf
 from dcsjax.checkpoints.gguf_tokenizer import build_gguf_tokenizer
 from dcsjax.data.bigbench import bigbench_items
-from dcsjax.fetch import fetch_model
+from dcsjax.checkpoints.fetch import fetch_model
 
 SPECIAL = ["bos_token_id", "eos_token_id", "unk_token_id", "pad_token_id"]
 

@@ -12,7 +12,7 @@ import pytest
 import dcsjax
 from conftest import reference_for, scorer_for
 from dcsjax.data.items import Item
-from dcsjax.protocols.dcs import run_dcs_letters
+from dcsjax.eval.protocols.dcs import run_dcs_letters
 from dcsjax.training.data import SPLITS, abstention_splits, abstention_versions, question_key, split_of
 from dcsjax.training.features import letter_features
 from dcsjax.training.train import (
@@ -176,7 +176,7 @@ def test_a_killed_run_resumes_where_it_stopped(small_features, tmp_path):
 def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path, monkeypatch):
     """CI's short version of `dcsjax train-abstain`: a few steps on a tiny split, both adapters (LoRA on the
     top 2 blocks here; the experiment's default is every block), two thresholds, the post-hoc baselines."""
-    from dcsjax.evaluate import run_eval
+    from dcsjax.eval.run import run_eval
     from dcsjax.training.experiment import run_experiment
     from dcsjax.training.features import load_features
 

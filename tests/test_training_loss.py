@@ -8,7 +8,7 @@ import optax
 import pytest
 from jax.test_util import check_grads
 
-from dcsjax.kernels.dcs import dcs_parts
+from dcsjax.metrics.dcs import dcs_parts
 from dcsjax.training.loss import dcs_loss
 
 # Two items, options A, B, C and IDK (last); the second has only two options (C padded) and is unanswerable.

@@ -5,7 +5,7 @@ interval. Pure numpy on made-up distributions (no model): what is checked is the
 import numpy as np
 import pytest
 
-from dcsjax.kernels.dcs import dcs, loadings_from_threshold, option_masses
+from dcsjax.metrics.dcs import dcs, loadings_from_threshold, option_masses
 from dcsjax.metrics.calibration import Distributions
 from dcsjax.training.policies import (
     ABSTAIN, forced, gains, metrics_of, outcomes, own_choice, paired, summarise, thresholded, tune_threshold,

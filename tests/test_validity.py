@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from conftest import scorer_for
-from dcsjax import protocols
+from dcsjax.eval import protocols
 from dcsjax.data.items import Item
 from dcsjax.data.tasks import load_task, resolve_task
 from dcsjax.errors import ConfigError
-from dcsjax.evaluate import run_eval, summary_row
-from dcsjax.protocols.apx import parse_answer
-from dcsjax.protocols.options import permute, shuffled
+from dcsjax.eval.run import run_eval, summary_row
+from dcsjax.eval.protocols.apx import parse_answer
+from dcsjax.eval.protocols.options import permute, shuffled
 
 
 class LetterPreferrer:
@@ -40,12 +40,12 @@ class LetterPreferrer:
 
 @pytest.fixture
 def always_a(monkeypatch):
-    monkeypatch.setattr("dcsjax.protocols.apx.greedy_generate", lambda scorer, prompts, n: [[7]] * len(prompts))
+    monkeypatch.setattr("dcsjax.eval.protocols.apx.greedy_generate", lambda scorer, prompts, n: [[7]] * len(prompts))
     return LetterPreferrer()
 
 
 def context(scorer, task):
-    from dcsjax.protocols.dcs import IDK_PHRASINGS
+    from dcsjax.eval.protocols.dcs import IDK_PHRASINGS
 
     return protocols.Context(scorer, resolve_task(task), idk_phrasings=IDK_PHRASINGS)
 

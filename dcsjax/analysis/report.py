@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dcsjax.analysis.scaling import bootstrap_band, break_even, fit_curves
-from dcsjax.evaluate import headline_values
+from dcsjax.eval.run import headline_values
 from dcsjax.metrics import (
     DEFAULT_THRESHOLDS,
     Distributions,
@@ -32,8 +32,8 @@ from dcsjax.metrics import (
     risk_coverage,
     ternary_score,
 )
-from dcsjax.results import ReadReport, model_facts, read_records, result_files
-from dcsjax.tables import render
+from dcsjax.eval.results import ReadReport, model_facts, read_records, result_files
+from dcsjax.eval.tables import render
 
 DCS_PROTOCOLS = ("dcs", "dcs-letters")
 TERNARY_T = 0.75
@@ -52,7 +52,7 @@ def _model_info(name: str, sizes: dict, root: Path) -> tuple[float | None, str |
     (dcsjax counts the parameters when it loads a model, so hub models need no hand-written sizes)."""
     if name in sizes:
         return float(sizes[name]["parameters"]), sizes[name].get("variant")
-    from dcsjax.cards import model_card, model_card_names
+    from dcsjax.checkpoints.cards import model_card, model_card_names
 
     if name in model_card_names():
         card = model_card(name)
@@ -152,7 +152,7 @@ def model_differences(models: dict[str, ModelResults], n_boot: int = 1000) -> li
 def position_rows(models: dict[str, ModelResults]) -> list[dict]:
     """Per model x task x protocol: where gold options and answers sat (002 A.3), and the best constant
     answer's accuracy on the same presentations (records without presentation data are left out)."""
-    from dcsjax.protocols.options import position_report
+    from dcsjax.eval.protocols.options import position_report
 
     rows = []
     for m in models.values():
@@ -182,7 +182,7 @@ def positions_table(rows: list[dict]) -> str:
 
 def idk_rows(models: dict[str, ModelResults]) -> list[dict]:
     """Sequence DCS per task under each IDK phrasing and normalisation (the records carry them)."""
-    from dcsjax.protocols.dcs import summarise
+    from dcsjax.eval.protocols.dcs import summarise
 
     rows = []
     for m in models.values():
@@ -211,7 +211,7 @@ def idk_table(rows: list[dict]) -> str:
 def results_table(models: dict[str, ModelResults], n_boot: int = 1000) -> str:
     """One line per task x model: each protocol's headline with its 95% interval, APX's parse failures,
     the best constant answer of the letter protocols, and the spread of sequence DCS over IDK phrasings."""
-    from dcsjax.protocols.options import position_report
+    from dcsjax.eval.protocols.options import position_report
 
     columns = [("aps", "APS acc"), ("qa-ppl", "QA-PPL acc"), ("mcqa", "MCQA-LL acc (sum)"),
                ("apx", "APX acc (parse failures)"), ("dcs", "DCS seq (IDK spread)"), ("dcs-letters", "DCS letters")]
@@ -238,7 +238,7 @@ def results_table(models: dict[str, ModelResults], n_boot: int = 1000) -> str:
                 if protocol == "apx":
                     cell += f" ({np.mean([r['parse_error'] is not None for r in records]):.0%})"
                 if protocol == "dcs" and all("idk_sensitivity" in r for r in records):
-                    from dcsjax.protocols.dcs import summarise
+                    from dcsjax.eval.protocols.dcs import summarise
 
                     cell += f" ({summarise(records)['idk_spread']:.2f})"
                 cells.append(cell)

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from dcsjax.data.items import Item, ItemError, check_item
 from dcsjax.errors import DcsjaxError, FetchError
-from dcsjax.paths import cache_dir, cache_lock
+from dcsjax.checkpoints.paths import cache_dir, cache_lock
 
 SDIST = "bigbench==1.0.0"
 SDIST_SHA256 = "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2"
@@ -56,7 +56,7 @@ def _fetch_bigbench(root: Path, done: Path, quiet: bool) -> Path:
         sdists = list(Path(tmp).glob("bigbench-*.tar.gz"))
         if not sdists:
             raise FetchError(f"pip download {SDIST} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-        from dcsjax.fetch import sha256_file
+        from dcsjax.checkpoints.fetch import sha256_file
 
         if (got := sha256_file(sdists[0])) != SDIST_SHA256:
             raise FetchError(f"{sdists[0].name}: SHA-256 {got}, expected {SDIST_SHA256}")

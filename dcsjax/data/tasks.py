@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from dcsjax.cards import cards_dir
+from dcsjax.checkpoints.cards import cards_dir
 from dcsjax.data.items import Item, ItemError
 from dcsjax.errors import DcsjaxError
 

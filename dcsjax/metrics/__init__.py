@@ -1,6 +1,6 @@
 """Metrics over per-item results: DCS's calibration companions, the loading spectrum, bootstrap intervals.
 
-The DCS kernel itself lives in `dcsjax.kernels.dcs`; what is here reads a batch of items' option+IDK
+The DCS kernel itself lives in `dcsjax.metrics.dcs`; what is here reads a batch of items' option+IDK
 distributions (`Distributions`) and aggregates them.
 """
 

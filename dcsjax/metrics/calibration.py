@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dcsjax.kernels.dcs import dcs, option_masses
+from dcsjax.metrics.dcs import dcs, option_masses
 
 
 class Distributions(NamedTuple):

@@ -108,7 +108,7 @@ class Decoder(nnx.Module):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """The output head on final hidden states [..., D] (a forward pass's [B, T, D], a decode step's [B, D])
         -> float32 logits [..., V]. For scoring at scale the log-prob kernel takes the same head a vocabulary
-        chunk at a time (`kernels.logprobs`), never [B, T, V] at once."""
+        chunk at a time (`engine.logprobs`), never [B, T, V] at once."""
         return unembed(hidden, self.output_embedding, self.config.final_softcap)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,

@@ -58,7 +58,7 @@ def statement_record(item: Item, task: str, statements: Sequence[str], generator
 
 def done_ids(*paths: Path) -> set[str]:
     """Ids already written (read only; the writer repairs a last line cut short by a kill first)."""
-    from dcsjax.results import read_records
+    from dcsjax.eval.results import read_records
 
     return {row["id"] for path in paths for row in read_records(path)}
 
@@ -74,8 +74,8 @@ def generate_statements(scorer, items: Sequence[Item], task: str, out: Path, *, 
     -> counts of kept items and of each reason for filtering, over the whole file (resumed runs included)."""
     from tqdm.auto import tqdm
 
-    from dcsjax.generate import generate
-    from dcsjax.results import FileLock, append_jsonl, repair_cut_tail
+    from dcsjax.engine.generate import generate
+    from dcsjax.eval.results import FileLock, append_jsonl, repair_cut_tail
 
     out = Path(out)
     rejected = rejected_path(out)

@@ -34,8 +34,8 @@ from typing import Sequence
 from dcsjax.data.items import Item
 from dcsjax.data.tasks import load_task, resolve_task
 from dcsjax.errors import DcsjaxError
-from dcsjax.protocols.dcs import IDK_CONTINUATION
-from dcsjax.protocols.options import permute, shuffled
+from dcsjax.eval.protocols.dcs import IDK_CONTINUATION
+from dcsjax.eval.protocols.options import permute, shuffled
 
 # Knowledge tasks of BIG-bench with 4-8 options, plus known_unknowns (its own IDK option).
 DEFAULT_TASKS = ("hindu_knowledge", "general_knowledge", "known_unknowns", "bigbench:emoji_movie",

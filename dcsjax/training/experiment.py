@@ -29,14 +29,14 @@ from typing import Sequence
 
 import numpy as np
 
-from dcsjax.kernels.dcs import loadings_from_threshold as loadings
+from dcsjax.metrics.dcs import loadings_from_threshold as loadings
 from dcsjax.metrics.bootstrap import resample_indices
 from dcsjax.training.data import CONSTRUCTIONS, DEFAULT_TASKS, SPLITS, abstention_splits, write_jsonl
 from dcsjax.training.features import letter_features, load_features, save_features
 from dcsjax.training.policies import (
     METRIC_LABELS, outcomes, own_choice, paired, summarise, thresholded, tune_threshold,
 )
-from dcsjax.tables import render
+from dcsjax.eval.tables import render
 from dcsjax.training.train import ARMS, TrainConfig, distributions, merge_top, predict_logits, top_params, train
 
 
@@ -76,7 +76,7 @@ def cached_logits(path: Path, key: dict, compute) -> np.ndarray:
     """Logits [N, K] kept at `path` (.npy, per item, for any later analysis) with what made them (.json):
     read back instead of recomputed (a forward pass over a split, through every block with LoRA: minutes
     per model when a rerun resumes finished runs) only when the key, the code version included, is the same."""
-    from dcsjax.results import code_version
+    from dcsjax.eval.results import code_version
 
     data, meta = path.with_suffix(".npy"), path.with_suffix(".json")
     key = {"code": code_version(), **key}

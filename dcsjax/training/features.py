@@ -21,9 +21,9 @@ from flax import nnx
 
 from dcsjax.data.items import Item
 from dcsjax.errors import InputError
-from dcsjax.kernels.packing import round_up
+from dcsjax.engine.packing import round_up
 from dcsjax.nn.decoder import right_padded
-from dcsjax.protocols.dcs import letters_context
+from dcsjax.eval.protocols.dcs import letters_context
 
 
 class LetterFeatures(NamedTuple):

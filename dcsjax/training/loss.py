@@ -19,7 +19,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dcsjax.kernels.dcs import dcs, option_masses
+from dcsjax.metrics.dcs import dcs, option_masses
 
 NEG = -1e30  # a finite "minus infinity": padded options get no mass and no NaN gradients
 

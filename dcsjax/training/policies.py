@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dcsjax.kernels.dcs import dcs, option_masses
+from dcsjax.metrics.dcs import dcs, option_masses
 from dcsjax.metrics.bootstrap import percentile_interval
 from dcsjax.metrics.calibration import Distributions, forced_pick, own_pick
 

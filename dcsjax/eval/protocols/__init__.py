@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from dcsjax.data.items import Item
-from dcsjax.protocols import fewshot, options
+from dcsjax.eval.protocols import fewshot, options
 
 # Wordings of "I don't know" that sequence DCS scores; the first is the IDK option's text where an item
 # needs one written out (the letter prompt, the fine-tuning data). See `dcs.py` for why there are several.
@@ -63,7 +63,7 @@ def _aps_source(ctx: Context) -> str:
 
 
 def _build() -> dict[str, Protocol]:
-    from dcsjax.protocols import apx, aps, dcs, mcqa
+    from dcsjax.eval.protocols import apx, aps, dcs, mcqa
 
     def dcs_settings(ctx):
         return {"lc": ctx.lc, "lw": ctx.lw}

@@ -75,7 +75,7 @@ def code_version() -> dict[str, str]:
     """dcsjax's version and a digest of its Python sources: a record is reused only by the same code."""
     from dcsjax import __version__
 
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # the dcsjax package
     h = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
         h.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
@@ -97,7 +97,7 @@ def environment() -> dict:
         except metadata.PackageNotFoundError:
             return None
 
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # the dcsjax package
     try:
         commit = subprocess.run(["git", "-C", str(package), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=10).stdout.strip() or None

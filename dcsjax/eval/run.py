@@ -1,6 +1,6 @@
 """`dcsjax eval`: every protocol on every task, results written per item as they finish, resumable.
 
-The files and their rules belong to `dcsjax.results`: records carry the fingerprint of what made them,
+The files and their rules belong to `dcsjax.eval.results`: records carry the fingerprint of what made them,
 a resumed run reuses only records of its own fingerprint, one process at a time writes a folder, and
 summary.json is merged and written atomically. Scores do not depend on which items share a batch (they
 are bit-identical however the batches are packed), so a resumed run's files equal an unbroken run's.
@@ -14,11 +14,11 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Sequence
 
-from dcsjax import results
+from dcsjax.eval import results
 from dcsjax.errors import ConfigError, InputError
 from dcsjax.metrics.bootstrap import mean_ci
-from dcsjax.protocols import PROTOCOLS
-from dcsjax.protocols.options import DEFAULT_ORDER, ORDERS
+from dcsjax.eval.protocols import PROTOCOLS
+from dcsjax.eval.protocols.options import DEFAULT_ORDER, ORDERS
 
 # Items per write: the first write holds CHUNK items, and each later one twice the one before, up to
 # MAX_CHUNK. A killed run loses at most one write. Every write ends in a part-filled batch in each bucket
@@ -32,15 +32,15 @@ MAX_CHUNK = 512
 
 
 def read_records(path: Path) -> list[dict]:
-    """A protocol's records, read only (see `dcsjax.results.read_records`)."""
+    """A protocol's records, read only (see `dcsjax.eval.results.read_records`)."""
     return results.read_records(path)
 
 
 def score_items(protocol: str, ctx, items, order: str = DEFAULT_ORDER, seed: int = 0) -> list[dict]:
-    """The protocol's records of `items` (`dcsjax.protocols.score`), but an item the model cannot take
+    """The protocol's records of `items` (`dcsjax.eval.protocols.score`), but an item the model cannot take
     (longer than its context, say) becomes an error record naming the item, {"id", "error"}, while the
     others are scored."""
-    from dcsjax import protocols
+    from dcsjax.eval import protocols
 
     try:
         return protocols.score(protocols.get(protocol), ctx, items, order, seed)
@@ -52,7 +52,7 @@ def score_items(protocol: str, ctx, items, order: str = DEFAULT_ORDER, seed: int
 
 def protocol_settings(protocol: str, ctx, order: str, seed: int) -> dict:
     """What, besides model, task and code, decides a protocol's records: it goes into their fingerprint."""
-    from dcsjax import protocols
+    from dcsjax.eval import protocols
 
     return {"option_order": order, **({"seed": seed} if order != "source" else {}),
             **protocols.get(protocol).settings(ctx), **({"log_samples": True} if ctx.log_samples else {})}
@@ -60,7 +60,7 @@ def protocol_settings(protocol: str, ctx, order: str, seed: int) -> dict:
 
 def task_identity(card, items, statements_file: Path | None) -> dict:
     """The task's card and a digest of every item it holds (so a changed source file is a changed task)."""
-    from dcsjax.fetch import sha256_file
+    from dcsjax.checkpoints.fetch import sha256_file
 
     rows = [[i.id, i.question, list(i.choices), list(i.correct), i.statements and list(i.statements), i.idk]
             for i in items]
@@ -75,13 +75,13 @@ def task_identity(card, items, statements_file: Path | None) -> dict:
 
 def summarise(protocol: str, records: list[dict]) -> dict:
     """The headline metric of a protocol (first key) and its companions; None where there are no items."""
-    from dcsjax import protocols
+    from dcsjax.eval import protocols
 
     return protocols.get(protocol).summarise(records)
 
 
 def headline_values(protocol: str, records: list[dict]) -> list[float]:
-    from dcsjax import protocols
+    from dcsjax.eval import protocols
 
     return [protocols.get(protocol).headline(r) for r in records]
 
@@ -98,7 +98,7 @@ def check_arguments(protocols: Sequence[str], limit: int | None, threshold: floa
                     option_order: str = DEFAULT_ORDER, idk_phrasings: Sequence[str] = ("I don't know.",)
                     ) -> tuple[float, float]:
     """Clear errors before anything is loaded. -> (lc, lw)."""
-    from dcsjax.kernels.dcs import loadings_from_threshold
+    from dcsjax.metrics.dcs import loadings_from_threshold
 
     if option_order not in ORDERS:
         raise ConfigError(f"unknown option order {option_order!r}; known: {', '.join(ORDERS)}")
@@ -124,13 +124,13 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
              replace_stale: bool = False, document_start: str | None = None, variant: str | None = None,
              option_order: str = DEFAULT_ORDER, seed: int = 0, idk_phrasings: Sequence[str] | None = None,
              skip_unavailable: bool = False, num_fewshot: int = 0, log_samples: bool = False) -> dict:
-    """Every protocol on every task. In a multi-process run (`dcsjax.distributed`), each process scores its
+    """Every protocol on every task. In a multi-process run (`dcsjax.engine.distributed`), each process scores its
     share of every chunk and process 0 writes the gathered records; the files equal a single process's.
 
     statements: a file from `dcsjax statements generate`: APS reads its statements, and every protocol
     scores only the items it holds (the same items for all, as in paper 002); each item it lacks (filtered
     at generation) is an error record of its task.
-    option_order, seed: how options are presented (`dcsjax.protocols.options`); shuffled by default.
+    option_order, seed: how options are presented (`dcsjax.eval.protocols.options`); shuffled by default.
     idk_phrasings: the wordings of "I don't know" that sequence DCS scores (the first is the IDK option's
     text in the letter prompt).
     skip_unavailable: a protocol a task cannot run (APS without declarative statements) is skipped and
@@ -140,10 +140,10 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
     log_samples: each record keeps the text(s) the model was given (`prompt`); its raw output is in the
     record already (APX's generation, the log-likelihoods or probabilities of the others)."""
     import dcsjax
-    from dcsjax import distributed
-    from dcsjax import protocols as registry
+    from dcsjax.engine import distributed
+    from dcsjax.eval import protocols as registry
     from dcsjax.data.tasks import load_task, resolve_task
-    from dcsjax.protocols import IDK_PHRASINGS, fewshot
+    from dcsjax.eval.protocols import IDK_PHRASINGS, fewshot
 
     idk_phrasings = tuple(idk_phrasings or IDK_PHRASINGS)
     lc, lw = check_arguments(protocols, limit, threshold, option_order, idk_phrasings)
@@ -258,7 +258,7 @@ def summary_row(model: str, task: str, protocol: str, records: list[dict], error
                 fingerprint: str, settings: dict, seconds: float) -> dict:
     """One (model, task, protocol) row of summary.json: the headline with its interval, the companions,
     where gold options and answers sat (and the best constant answer), and warnings."""
-    from dcsjax.protocols.options import position_report
+    from dcsjax.eval.protocols.options import position_report
 
     metrics = summarise(protocol, records)
     values = headline_values(protocol, records)
@@ -291,7 +291,7 @@ def format_table(summary: dict, fmt: str = "text") -> str:
     """The results table (fmt "text" or "markdown"); `const` is the accuracy of always giving the best single
     letter on the same presentations (a letter preference alone reaches it), and `IDK spread` the range of
     sequence DCS over the IDK phrasings."""
-    from dcsjax.tables import render
+    from dcsjax.eval.tables import render
 
     def number(x):
         return "-" if x is None else f"{x:.3f}"

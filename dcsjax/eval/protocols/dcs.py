@@ -23,9 +23,9 @@ import numpy as np
 from scipy.special import logsumexp
 
 from dcsjax.data.items import LETTERS, Item
-from dcsjax.kernels.dcs import dcs_parts, softmax_over_options
-from dcsjax.protocols import IDK_PHRASINGS  # the registry holds the default wordings
-from dcsjax.protocols.mcqa import mcqa_context, normalised
+from dcsjax.metrics.dcs import dcs_parts, softmax_over_options
+from dcsjax.eval.protocols import IDK_PHRASINGS  # the registry holds the default wordings
+from dcsjax.eval.protocols.mcqa import mcqa_context, normalised
 
 IDK_CONTINUATION = IDK_PHRASINGS[0]  # the IDK option's text where an item needs one written out
 IDK_NORMALISATIONS = ("sum", "token", "byte")

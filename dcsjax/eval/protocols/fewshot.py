@@ -17,7 +17,7 @@ import numpy as np
 
 from dcsjax.data.items import Item
 from dcsjax.errors import ConfigError
-from dcsjax.protocols import options
+from dcsjax.eval.protocols import options
 
 FEWSHOT_PROTOCOLS = ("mcqa", "apx")
 FEWSHOT_SALT = 7919  # exemplar draws use their own stream, apart from the option shuffle of the same seed

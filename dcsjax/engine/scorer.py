@@ -16,10 +16,10 @@ import numpy as np
 from flax import nnx
 
 from dcsjax.errors import InputError
-from dcsjax.kernels.logprobs import reduce_logprobs, sharded_token_logprobs, token_logprobs_and_greedy
-from dcsjax.kernels.packing import BUCKET_MULTIPLE, DEFAULT_BUCKETS, Group, PlannedBatch, make_batch, plan_batches
+from dcsjax.engine.logprobs import reduce_logprobs, sharded_token_logprobs, token_logprobs_and_greedy
+from dcsjax.engine.packing import BUCKET_MULTIPLE, DEFAULT_BUCKETS, Group, PlannedBatch, make_batch, plan_batches
 from dcsjax.nn.decoder import Decoder
-from dcsjax.sharding import batch_sharding
+from dcsjax.engine.sharding import batch_sharding
 
 
 def _forward(graphdef, vocab_chunk: int, mesh, state, tokens, positions, segment_ids, attend_to, targets):
@@ -59,7 +59,7 @@ class Scorer:
     progress: bool = False
     mesh: object | None = None  # a jax Mesh with axes (data, model); the model's parameters already on it
     # what identifies the weights and how they were loaded (file checksum, card, dtype, document start):
-    # part of every result record's fingerprint (`dcsjax.results`)
+    # part of every result record's fingerprint (`dcsjax.eval.results`)
     model_fingerprint: dict | None = None
     variant: str | None = None  # "base" or "instruct": the card's, or what the caller said; None: not known
 
@@ -183,7 +183,7 @@ class Scorer:
                                      ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per (context ids, continuation ids): the continuation's token log-probs given the context, and
         whether each continuation token is the argmax there. Nothing is prepended: the context's first
-        token is conditioning only (lm-eval's convention; `dcsjax.harness` passes its requests here).
+        token is conditioning only (lm-eval's convention; `dcsjax.lmeval.backend` passes its requests here).
 
         Continuations of one context share one group, the context computed once (`option_logprobs`),
         split so that no group exceeds the row length."""

@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from dcsjax.data.items import Item
-from dcsjax.generate import greedy_generate
+from dcsjax.engine.generate import greedy_generate
 
 SYSTEM_PROMPT = (
     "You are an expert AI. Your task is to read a multiple-choice question and provide the most likely Correct "

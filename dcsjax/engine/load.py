@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 
-from dcsjax.cards import ModelCard, model_card, model_card_names
+from dcsjax.checkpoints.cards import ModelCard, model_card, model_card_names
 from dcsjax.checkpoints.assemble import build_decoder, param_count
 from dcsjax.checkpoints.gguf_file import gguf_metadata, gguf_tensors, gguf_vocab_size, open_gguf
 from dcsjax.checkpoints.gguf_tokenizer import gguf_tokenizer
@@ -16,7 +16,7 @@ from dcsjax.checkpoints.hub import hub_snapshot, is_hub_id
 from dcsjax.checkpoints.hf_dir import hf_config, hf_tensors
 from dcsjax.errors import CheckpointError, ConfigError, UnknownModelError
 from dcsjax.nn.config import config_from_gguf, config_from_hf
-from dcsjax.scorer import Scorer
+from dcsjax.engine.scorer import Scorer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -33,8 +33,8 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
     letters are asked through the chat template); a card's own variant otherwise.
     mesh: "2x4" (data x model devices), a jax Mesh, or None: parameters load straight into their shards.
     """
-    from dcsjax.fetch import fetch_model
-    from dcsjax.sharding import make_mesh
+    from dcsjax.checkpoints.fetch import fetch_model
+    from dcsjax.engine.sharding import make_mesh
 
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
@@ -114,7 +114,7 @@ def document_start_id(tokenizer, card: ModelCard | None, override: str | None, s
 
 def _load_gguf(path: Path, dtype, mesh, sha256: str | None):
     """(model, tokenizer, the file's SHA-256); a card's checksum was checked when it was fetched."""
-    from dcsjax.fetch import sha256_file
+    from dcsjax.checkpoints.fetch import sha256_file
 
     file = open_gguf(path)
     sha256 = sha256 or sha256_file(path)

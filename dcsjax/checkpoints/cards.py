@@ -20,7 +20,7 @@ def cards_dir(kind: str) -> Path:
     packaged = Path(str(resources.files("dcsjax"))) / "_cards" / kind
     if packaged.is_dir():
         return packaged
-    return Path(__file__).resolve().parent.parent / kind
+    return Path(__file__).resolve().parents[2] / kind
 
 
 @dataclass(frozen=True)

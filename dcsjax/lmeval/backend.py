@@ -58,7 +58,7 @@ class DcsjaxLM(TemplateLM):
             raise ConfigError(f"dcsjax's lm-eval backend has no model_args {sorted(unknown)}; it takes pretrained, "
                               "dtype, mesh, rows_per_batch, max_length, max_gen_toks, add_bos_token, prefix_token_id, "
                               "document_start, variant")
-        from dcsjax.scorer import Scorer
+        from dcsjax.engine.scorer import Scorer
 
         options = {} if rows_per_batch is None else {"batch_size": int(rows_per_batch)}
         # lm-eval's own progress bars stand for the requests, so the scorer shows none; a Scorer passed in is
@@ -173,7 +173,7 @@ class DcsjaxLM(TemplateLM):
         """Greedy continuations through dcsjax's jitted decode loop, cut at the first stop string (the
         request's `until` and the EOS text), at most max_gen_toks tokens; the context loses tokens from the
         left to leave room for them, as in the hf backend. Requests with the same settings share batches."""
-        from dcsjax.generate import generate
+        from dcsjax.engine.generate import generate
 
         eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
         settings: dict[tuple, list[int]] = {}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dcsjax.results import read_records, read_summary, records_path
+from dcsjax.eval.results import read_records, read_summary, records_path
 
 RENAMED = {"accuracy": "acc", "accuracy_sum": "acc", "accuracy_char": "acc_norm"}
 # lm-eval's higher_is_better per metric: True unless named here (None: neither direction is better)
@@ -25,7 +25,7 @@ HIGHER_IS_BETTER = {"parse_failures": False, "idk_spread": False, "ppl_delta": N
 
 def to_lm_eval(output: Path) -> dict:
     """The results dict lm-eval's `simple_evaluate` would return, for the runs in a dcsjax output folder."""
-    from dcsjax.evaluate import headline_values
+    from dcsjax.eval.run import headline_values
 
     summary = read_summary(Path(output))
     if not summary.get("rows"):

@@ -5,7 +5,7 @@ onto mesh axes: batches split over `data`; vocabulary, attention heads and MLP w
 rest replicated. A dimension that the mesh axis does not divide is replicated instead (SmolLM2's 9 heads
 on 4 devices), so every model runs on every mesh. The same model code runs on one device and on a mesh:
 XLA's SPMD partitioner inserts the collectives from the parameters' and inputs' shardings, and the
-log-prob kernel runs as an explicit `shard_map` over the vocabulary (`kernels/logprobs.py`).
+log-prob kernel runs as an explicit `shard_map` over the vocabulary (`engine/logprobs.py`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from dcsjax.errors import InputError
-from dcsjax.kernels.packing import bucket_for
+from dcsjax.engine.packing import bucket_for
 from dcsjax.nn.decoder import right_padded
 
 

@@ -15,9 +15,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from dcsjax.cards import ModelCard, model_card
+from dcsjax.checkpoints.cards import ModelCard, model_card
 from dcsjax.errors import CheckpointError, FetchError
-from dcsjax.paths import cache_dir, cache_lock
+from dcsjax.checkpoints.paths import cache_dir, cache_lock
 
 
 def sha256_file(path: Path) -> str:
