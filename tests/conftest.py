@@ -13,23 +13,26 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache"))
-os.environ.setdefault("HF_HOME", str(ROOT / ".cache" / "huggingface"))  # datasets' cache of the local test files
+CACHE = Path(os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache")))
+os.environ.setdefault("HF_HOME", str(CACHE / "huggingface"))  # datasets' cache of the local test files
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the reference loads local GGUF files only
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# JAX's persistent compilation cache, in the cache folder: the test workers, the bench scripts and CLI runs the
+# tests start as subprocesses compile the same programs (the real models' scoring steps at the same shapes),
+# and a second run of the suite compiles almost nothing. Set before jax is imported, here and in every
+# subprocess (they inherit the environment). A compiled program is the same program: scores do not change.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(CACHE / "jax-compilation"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
-import transformers  # noqa: E402
-
-transformers.utils.logging.disable_progress_bar()
-
-MODELS = ["smollm2-135m-instruct", "gemma3-270m"]
+SMOL = "smollm2-135m-instruct"
+MODELS = [SMOL, "gemma3-270m"]
 PASSAGE = (Path(__file__).parent / "data" / "passage.txt").read_text()
 # How far two float32 implementations of the real models' log-probs (XLA against torch, one device against a
-# mesh) may differ, in nats per token: rounding, which depends on the host's kernels. Measured: up to 1e-4 on
-# the AVX-512 hosts of 2026-11 and 12-01; up to 2.5e-4 (a 2x4 mesh), 2.3e-4 (a 4,000-token passage against
-# torch) and 1.9e-4 (Gemma 3 through lm-eval) on an AVX2-only AMD EPYC (2026-12-02), whose GEMMs sum in
-# other orders. Every defect seen so far (a cache slot unmasked, a window dropped, a norm or a scale wrong)
-# moved log-probs by 1e-2 or more.
+# mesh) may differ, in nats per token: rounding, which depends on the host's kernels (AVX2-only hosts' GEMMs
+# sum in other orders than AVX-512 ones, and reach a few 1e-4 on long passages and meshes). Every defect
+# seen so far (a cache slot unmasked, a window dropped, a norm or a scale wrong) moved log-probs by 1e-2 or
+# more, so the bound sits well between the two.
 F32_NATS = 5e-4
 
 _scorers: dict = {}
@@ -45,11 +48,45 @@ def scorer_for(name: str):
     return _scorers[name]
 
 
+def tiny_scorer(**options):
+    """A random-weight decoder of SmolLM2's family (Llama: 2 layers, width 64, 4 heads / 2 KV heads) with SmolLM2's
+    real tokenizer, card and document start: for what is about the engine's plumbing (batches, records, resume,
+    files, errors, protocols' bookkeeping), not about real weights. Seeded, so its scores are the same in every
+    process; meaningless as answers. It compiles and runs in a fraction of the real model's time."""
+    from dataclasses import replace
+
+    from flax import nnx
+
+    from dcsjax.checkpoints.cards import model_card
+    from dcsjax.checkpoints.fetch import fetch_model
+    from dcsjax.checkpoints.gguf_file import gguf_metadata, gguf_vocab_size, open_gguf
+    from dcsjax.checkpoints.gguf_tokenizer import gguf_tokenizer
+    from dcsjax.engine.scorer import Scorer
+    from dcsjax.nn.config import config_from_gguf
+    from dcsjax.nn.decoder import Decoder
+
+    if "tiny" not in _scorers:
+        card = model_card(SMOL)
+        path = fetch_model(SMOL)
+        file = open_gguf(path)
+        real = config_from_gguf(gguf_metadata(file), gguf_vocab_size(file), source=str(path))
+        config = replace(real, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, mlp_size=128)
+        model = Decoder(config, rngs=nnx.Rngs(0))
+        tokenizer = gguf_tokenizer(path, file, card.sha256)
+        start = tokenizer.convert_tokens_to_ids(card.document_start)
+        _scorers["tiny"] = Scorer(model, tokenizer, start, name=SMOL, card=card, variant=card.variant,
+                                  model_fingerprint={"tiny": "random, seed 0", "card": card.name, "dtype": "float32",
+                                                     "document_start": start, "variant": card.variant})
+    return replace(_scorers["tiny"], **options) if options else _scorers["tiny"]
+
+
 def reference_for(name: str):
     """transformers + torch, float32, on the very same GGUF file (read through `reference_dir`)."""
     import torch
+    import transformers
     from transformers import AutoModelForCausalLM
 
+    transformers.utils.logging.disable_progress_bar()
     if name not in _references:
         model = AutoModelForCausalLM.from_pretrained(reference_dir(name), dtype=torch.float32)
         _references[name] = model.eval()
@@ -66,6 +103,7 @@ def reference_dir(name: str) -> Path:
     import shutil
 
     import torch
+    import transformers
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
@@ -140,6 +178,11 @@ def model_name(request) -> str:
 @pytest.fixture(scope="session")
 def smollm2():
     return scorer_for("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    return tiny_scorer()
 
 
 @pytest.fixture(scope="session")

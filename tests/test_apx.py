@@ -12,6 +12,7 @@ ITEM = Item(id="hk/2", question="Which of these texts is not a Hindu scripture?"
             choices=("Vedas", "Upanishads", "Koran", "Aranyakas"), correct=(2,))
 
 
+@pytest.mark.slow
 def test_greedy_generation_matches_transformers(model_name):
     import torch
 

@@ -95,6 +95,7 @@ def reference_logprobs(model, ids: list[int]) -> np.ndarray:
     return torch.log_softmax(logits, -1)[:-1].gather(1, x[0, 1:, None])[:, 0].numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_family_matches_transformers_in_both_config_spellings(family, tmp_path):
     from dcsjax.checkpoints.hf_dir import hf_config
@@ -119,6 +120,7 @@ def test_family_matches_transformers_in_both_config_spellings(family, tmp_path):
     assert config_from_hf(hf_config(tmp_path / "v4")) == scorer.config
 
 
+@pytest.mark.slow
 def test_traits_read_off_the_configs(tmp_path):
     """Each family's traits land in the named fields, not in a family switch."""
     configs = {}
@@ -142,6 +144,7 @@ def test_traits_read_off_the_configs(tmp_path):
     assert moe.model.layers.expert_gate[...].shape == (6, 4, 64, 32)
 
 
+@pytest.mark.slow
 def test_bfloat16_checkpoint_loads(tmp_path):
     import torch
 
@@ -183,6 +186,7 @@ def tiny_dirs(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3", "gemma2", "qwen3_moe"])
 def test_invariance_bit_identical_across_batching_and_packing(tiny_dirs, family):
     """Bit for bit, the MoE's routing included (routed in fixed-shape chunks of tokens: routed over the whole
@@ -195,6 +199,7 @@ def test_invariance_bit_identical_across_batching_and_packing(tiny_dirs, family)
         check(family, batch_size, pack, buckets, base=base, reference=reference)
 
 
+@pytest.mark.slow
 def test_mesh_scores_equal_one_device(tiny_dirs):
     """Qwen3 (q/k norms per head), Gemma 2 (soft-caps, local layers) and Qwen3-MoE (experts split over the
     model axis) on 2x4 and 8x1 meshes of 8 CPU devices."""
@@ -218,6 +223,7 @@ def test_mesh_scores_equal_one_device(tiny_dirs):
             assert r[mesh]["gathered_vocab_sized"] == []
 
 
+@pytest.mark.slow
 def test_eval_and_report_of_a_model_without_a_card(tiny_dirs, tmp_path):
     """--document-start and --variant say what a card would; the report reads the model's size from the
     records' fingerprints (dcsjax counted the parameters when it loaded the model): no --sizes needed."""
@@ -236,6 +242,7 @@ def test_eval_and_report_of_a_model_without_a_card(tiny_dirs, tmp_path):
         dcsjax.load(directory, document_start="<|endoftext|>", variant="chat")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3_moe", "gemma2", "falcon7b"])
 def test_greedy_decoding_matches_transformers(family, tmp_path):
     """The KV-cache decode loop (one token a step: the MoE routes a handful of tokens, Gemma 2 soft-caps the
@@ -255,6 +262,7 @@ def test_greedy_decoding_matches_transformers(family, tmp_path):
     assert len(ours) >= 4 and ours == theirs[:len(ours)]  # ours stops at the tokenizer's end of text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gemma2", "gemma3"])
 def test_decode_steps_match_transformers_past_the_window(family, tmp_path):
     """Teacher-forced decode steps (a right-padded prefill of two rows, then one token a step through the KV

@@ -39,6 +39,7 @@ ROWS = [  # a shared question with three options, two plain sequences; one long 
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [NO_WINDOW, 128])
 @pytest.mark.parametrize("cap", [None, 50.0])
 def test_blockwise_attention_equals_the_dense_path(window, cap):
@@ -83,6 +84,7 @@ def test_live_tiles_keep_every_visible_pair_and_skip_the_rest():
         assert live.sum() < causal_half, (block, live.sum(), causal_half)
 
 
+@pytest.mark.slow
 def test_a_long_row_scores_the_same_alone_and_in_a_batch(smollm2):
     """Rows of 1024 tokens and more go blockwise; a sequence there is alone in its row at offset 0, and its
     scores do not depend on the rows beside it (the same bits, as for the dense path)."""
@@ -97,6 +99,7 @@ def test_a_long_row_scores_the_same_alone_and_in_a_batch(smollm2):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_a_32k_token_gemma_row_needs_under_2_gib_beyond_its_weights(gemma3):
     """XLA's own memory analysis of the scorer's compiled step for one 32,768-token row (the dense path
     would hold 17 GB of attention scores alone)."""

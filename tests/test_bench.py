@@ -9,6 +9,8 @@ import pytest
 
 from conftest import F32_NATS
 
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

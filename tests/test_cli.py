@@ -1,5 +1,6 @@
 """The `dcsjax` command, in-process and as the installed console script."""
 
+import pytest
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ def test_models_fetch_score(capsys):
     assert "-17.266" in out and "perplexity" in out
 
 
+@pytest.mark.slow
 def test_eval_prints_a_table(capsys, tmp_path):
     """The README's main job, on one task and a few items (`dcsjax demo` runs seven tasks)."""
     assert main(["eval", "--tasks", "known_unknowns", "--protocols", "qa-ppl,dcs", "--limit", "4",

@@ -26,6 +26,7 @@ def hf_config_dict(name: str) -> dict:
     return AutoConfig.from_pretrained(reference_dir(name)).to_dict()
 
 
+@pytest.mark.slow
 def test_gguf_config_has_the_facts_and_matches_transformers_config(model_name):
     scorer = scorer_for(model_name)
     config = scorer.config

@@ -1,6 +1,7 @@
 """The multi-process path on this machine: two local processes joined by `jax.distributed` (gloo on CPU),
 each scoring its share of the items; process 0 writes files identical to a single process's."""
 
+import pytest
 import os
 import socket
 import subprocess
@@ -8,6 +9,8 @@ import sys
 
 from conftest import scorer_for
 from dcsjax.eval.run import run_eval
+
+pytestmark = pytest.mark.slow
 
 TASK, PROTOCOLS, LIMIT = "known_unknowns", ["qa-ppl", "dcs", "apx"], 10
 

@@ -13,6 +13,8 @@ from conftest import scorer_for
 from dcsjax.data.tasks import load_task, resolve_task
 from dcsjax.eval.run import format_table, length_hint, read_records, run_eval
 
+pytestmark = pytest.mark.slow
+
 TASK, PROTOCOLS, LIMIT = "known_unknowns", ["dcs", "qa-ppl"], 24
 
 

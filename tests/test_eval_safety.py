@@ -36,6 +36,7 @@ ITEMS = [{"id": f"q{i}", "question": f"What is {i} + {i}?", "choices": [str(2 * 
          for i in range(1, 4)]
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_threshold_is_refused_then_scored_anew(tmp_path):
     out = tmp_path / "out"
     default = values(evaluate(out))
@@ -50,6 +51,7 @@ def test_a_resume_with_another_threshold_is_refused_then_scored_anew(tmp_path):
     assert len(records) == 6 and all(r["lw"] == pytest.approx(9.0) for r in records)
 
 
+@pytest.mark.slow
 def test_a_resume_in_another_dtype_is_refused(tmp_path):
     import dcsjax
 
@@ -95,6 +97,7 @@ def test_an_empty_file_gives_null_not_nan(tmp_path):
     assert "NaN" not in text and json.loads(text)["rows"][0]["value"] is None
 
 
+@pytest.mark.slow
 def test_summary_rows_merge_by_task_name_and_keep_other_protocols(tmp_path):
     evaluate(tmp_path, protocols=("qa-ppl", "dcs"))
     evaluate(tmp_path, tasks=("bigbench:known_unknowns",), protocols=("dcs",))  # the card's source names it too
@@ -105,6 +108,7 @@ def test_summary_rows_merge_by_task_name_and_keep_other_protocols(tmp_path):
     assert len(lines) == 6 == len({json.loads(line)["id"] for line in lines})
 
 
+@pytest.mark.slow
 def test_report_skips_a_corrupt_line_and_leaves_the_file_unchanged(tmp_path):
     out = tmp_path / "out"
     evaluate(out, protocols=("dcs", "mcqa"), limit=8)  # no APS records: the report works on any protocols
@@ -160,6 +164,7 @@ def test_api_argument_checks():
             run_eval(MODEL, ["known_unknowns"], kwargs.pop("protocols", ["dcs"]), "unused", **kwargs)
 
 
+@pytest.mark.slow
 def test_a_damaged_tokenizer_cache_is_rebuilt(tmp_path, monkeypatch):
     import dcsjax
     from dcsjax.checkpoints.fetch import fetch_model

@@ -30,6 +30,7 @@ def _items():
     return {i.id: i for i in items}
 
 
+@pytest.mark.slow
 def test_exemplars_are_other_items_seeded_per_item_and_recorded(fewshot_run):
     _, mcqa, apx = fewshot_run
     for r in mcqa:
@@ -50,6 +51,7 @@ def test_exemplars_are_other_items_seeded_per_item_and_recorded(fewshot_run):
     assert record["loglik"] == pytest.approx(in_run["loglik"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_fewshot_prompts_are_the_solved_exemplars_then_the_question(fewshot_run):
     _, mcqa, apx = fewshot_run
     items = _items()
@@ -74,6 +76,7 @@ def test_fewshot_prompts_are_the_solved_exemplars_then_the_question(fewshot_run)
         assert r["prompt"].rstrip().endswith("<|im_start|>assistant") and isinstance(r["generation"], str)
 
 
+@pytest.mark.slow
 def test_summary_records_fewshot_and_log_samples(fewshot_run):
     out, _, _ = fewshot_run
     summary = json.loads((out / "summary.json").read_text())

@@ -32,6 +32,7 @@ def assert_same_as_gguf_reader(path):
     return ours
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma3-270m"])
 def test_real_files_read_as_the_gguf_package_reads_them(name):
     ours = assert_same_as_gguf_reader(fetch_model(name))

@@ -38,6 +38,7 @@ def texts():
     return [" ".join(words[i:i + n]) for i, n in [(0, 5), (40, 60), (100, 17), (300, 120)]]
 
 
+@pytest.mark.slow
 def test_hf_directory_scores_like_the_gguf(model_name, tmp_path, texts):
     gguf_scorer = scorer_for(model_name)
     directory = save_hf_dir(model_name, tmp_path / "hf")
@@ -48,6 +49,7 @@ def test_hf_directory_scores_like_the_gguf(model_name, tmp_path, texts):
     np.testing.assert_array_equal(hf_scorer.score(texts), gguf_scorer.score(texts))
 
 
+@pytest.mark.slow
 def test_bfloat16_checkpoint_and_weights(tmp_path, texts):
     """bfloat16 tensors in the safetensors file, bfloat16 parameters, float32 log-probs."""
     import torch

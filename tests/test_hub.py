@@ -124,6 +124,7 @@ def test_winogender_someone_and_ids(tmp_path):
     assert items[0].choices == ("the technician", "someone") and items[0].id == "winogender/technician.someone.1.male.txt"
 
 
+@pytest.mark.slow
 def test_winogrande_is_scored_as_lm_eval_scores_it(tmp_path):
     """APS fills the blank; MCQA-LL is lm-eval's partial evaluation: the sentence up to the blank with each
     option as the context, the rest of the sentence (after " ") as the continuation."""

@@ -19,6 +19,8 @@ import pytest
 
 from test_architectures import write_tiny
 
+pytestmark = pytest.mark.slow
+
 REPO = "dcsjax-test/tiny-qwen3"
 
 

@@ -17,6 +17,8 @@ from conftest import PASSAGE, scorer_for
 from dcsjax.engine.logprobs import token_logprobs
 from dcsjax.engine.scorer import Scorer
 
+pytestmark = pytest.mark.slow
+
 ROW = 128
 
 
@@ -62,13 +64,11 @@ def brute_force_scores(scorer, n: int = 100) -> list[float]:
     return sums
 
 
-CONFIGS = [  # (batch size, packing, buckets)
-    (1, False, (64, 128)),
-    (7, True, (64, 128)),
-    (32, True, (64, 128)),
-    (32, False, (64, 128)),
-    (7, True, (128,)),
-    (32, True, (64, 128, 256)),
+CONFIGS = [  # (batch size, packing, buckets): each changes what shares a text's row, batch or bucket
+    (7, True, (64, 128)),  # packed rows, a short last batch
+    (32, False, (64, 128)),  # one text a row, a large batch
+    (7, True, (128,)),  # one bucket: short texts in long rows
+    (32, True, (64, 128, 256)),  # a large packed batch over three buckets
 ]
 
 
@@ -77,7 +77,7 @@ def test_scores_equal_brute_force_smollm2(batch_size, pack, buckets):
     check("smollm2-135m-instruct", batch_size, pack, buckets)
 
 
-@pytest.mark.parametrize("batch_size,pack,buckets", [(7, True, (64, 128)), (1, False, (128,))])
+@pytest.mark.parametrize("batch_size,pack,buckets", [(7, True, (64, 128))])
 def test_scores_equal_brute_force_gemma3(batch_size, pack, buckets):
     check("gemma3-270m", batch_size, pack, buckets)
 

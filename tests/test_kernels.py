@@ -60,6 +60,7 @@ def test_kernel_is_float32_from_bfloat16_weights_and_differentiable():
     assert abs(float(grad[1, 2, 5]) - float(numeric)) < 1e-2
 
 
+@pytest.mark.slow
 def test_kernel_on_real_hidden_states_matches_float64(smollm2):
     ids = smollm2.encode([PASSAGE])[0][:200]
     seq = jnp.asarray([[smollm2.document_start_id, *ids]])
@@ -81,6 +82,7 @@ def test_reductions():
         reduce_logprobs(lp, "max")
 
 
+@pytest.mark.slow
 def test_gemma_32x256_never_holds_full_vocabulary_logits(gemma3):
     """Peak temporary memory of the compiled batch kernel, against the 8.6 GB a [32, 256, 262144]
     float32 logits tensor would need."""

@@ -93,6 +93,7 @@ def _compare(ours: dict, theirs: dict, task: str, model_name: str) -> None:
     print(f"{model_name} {task}: largest gap {worst:.2e} over {len(a)} documents")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", OWN_TASKS)
 def test_lm_eval_with_dcsjax_equals_the_hf_backend(model_name, task):
     ours = _evaluate("dcsjax", model_name, OWN_TASKS)
@@ -133,6 +134,7 @@ def _arc_task(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_lm_eval_packaged_arc_easy_config_matches_the_hf_backend(tmp_path_factory):
     folder = _arc_task(tmp_path_factory.mktemp("arc"))
     name = "smollm2-135m-instruct"
@@ -144,6 +146,7 @@ def test_lm_eval_packaged_arc_easy_config_matches_the_hf_backend(tmp_path_factor
     assert ours["config"]["model_backend"] == "dcsjax" and ours["config"]["model_fingerprint"]["sha256"]
 
 
+@pytest.mark.slow
 def test_lm_eval_command_line_runs_the_dcsjax_backend(tmp_path, monkeypatch):
     """`dcsjax lm-eval --model dcsjax ...`: lm-eval's own command line finds the backend and writes its
     results file, the same accuracy as the Python run."""

@@ -1,6 +1,7 @@
 """Parity with transformers + torch on the same GGUF weights, float32, on a prompt of several hundred
 tokens (past Gemma 3's 512-token sliding window, so local layers and both RoPE bases are exercised)."""
 
+import pytest
 import jax.numpy as jnp
 import numpy as np
 
@@ -9,6 +10,7 @@ from conftest import F32_NATS, PASSAGE, reference_logprobs, scorer_for
 N_TOKENS = 640
 
 
+@pytest.mark.slow
 def test_token_logprobs_and_greedy_tokens_match_transformers(model_name):
     from dcsjax.engine.packing import bucket_for
     from dcsjax.nn.attention import takes_blockwise
@@ -79,6 +81,7 @@ def test_gemma_conditions_on_its_bos(gemma3):
     assert gemma3.document_start_id == gemma3.tokenizer.bos_token_id == 2
 
 
+@pytest.mark.slow
 def test_the_cached_reference_is_transformers_own_gguf_load():
     """The reference the tests read (conftest.reference_dir, a safetensors copy written once) holds exactly
     the tensors transformers' GGUF loader makes, tied the same way, with the same generation settings

@@ -24,6 +24,7 @@ def real_results(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_report_on_real_results(real_results, tmp_path):
     summary = write_report([real_results], tmp_path, n_boot=200)
     for name in FIGURES:
@@ -51,6 +52,7 @@ def test_report_on_real_results(real_results, tmp_path):
     assert results_row.split(" | ")[3].startswith(f"{aps_accuracy:.2f} [")
 
 
+@pytest.mark.slow
 def test_report_fits_scaling_curves_across_many_models(tmp_path):
     """Eight models of known sizes: APS flat, APX rising steeply; the summary names the fitted families and
     a break-even inside the sizes."""

@@ -17,6 +17,7 @@ def models(family, params, seed, n=30, noise=0.01):
     return x, FAMILIES[family][0](x - x.mean(), *params) + rng.normal(0, noise, n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(TRUTHS))
 def test_aic_recovers_the_generating_function(family):
     """Ten draws of 30 models each. A nested family (rational contains log-linear) sometimes fits noise
@@ -64,6 +65,7 @@ def test_no_crossing_is_reported_as_none():
     assert "no crossing within the sizes" in result.describe() and "0% of 50 resamples" in result.describe()
 
 
+@pytest.mark.slow
 def test_break_even_near_the_edge_is_open_ended_and_says_how_many_resamples_cross():
     """APX meets APS at the largest sizes, in noise: some resamples cross inside the sizes, the rest beyond
     them. The interval counts those as beyond (open-ended), not leaves them out, and says the share."""

@@ -1,5 +1,6 @@
 """The public API: compiles bounded per bucket, continuations split at the boundary, progress bar."""
 
+import pytest
 import numpy as np
 
 from conftest import PASSAGE, reference_logprobs
@@ -7,6 +8,7 @@ from dcsjax.engine.packing import batch_heights
 from dcsjax.engine.scorer import Scorer
 
 
+@pytest.mark.slow
 def test_compiles_once_per_batch_shape(smollm2):
     """One compile per (bucket, rows) shape a run uses, and none for a shape an earlier run compiled; rows
     come from the halving ladder, so a bucket has at most len(batch_heights) shapes whatever the data."""
@@ -34,6 +36,7 @@ def test_compiles_once_per_batch_shape(smollm2):
     assert all(h in batch_heights(b, 5, scorer.max_batch_tokens) for b, h in shapes(first_texts) | shapes(second_texts))
 
 
+@pytest.mark.slow
 def test_continuation_scores_match_transformers(smollm2):
     contexts = ["The capital of France is", "Question: What is 2 + 2?\nAnswer:", ""]
     continuations = [" Paris.", " 4", "Hello"]
@@ -62,6 +65,7 @@ def test_progress_bar(smollm2, capsys):
     assert "scoring (smol)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_shared_question_equals_each_pair_alone(model_name):
     """One row per item holds the question once and then every option; scores equal each pair alone."""
     from conftest import scorer_for

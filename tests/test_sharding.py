@@ -45,6 +45,7 @@ def mesh_results():
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2-135m-instruct", "gemma3-270m"])
 def test_mesh_scores_equal_one_device(mesh_results, model):
     r = mesh_results[model]
@@ -59,6 +60,7 @@ def test_mesh_scores_equal_one_device(mesh_results, model):
         assert r["8x1"]["rows_per_batch_multiple_of_data"] == 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2-135m-instruct", "gemma3-270m"])
 def test_vocabulary_split_is_never_gathered(mesh_results, model):
     """No all-gather in the compiled kernel has a dimension of half the vocabulary or more. The control,

@@ -55,6 +55,7 @@ def test_top_p_keeps_the_smallest_nucleus_and_renormalises():
     assert int(sample_token(logits, keys[0], 0.0, 0.7)) == 0  # temperature 0: argmax
 
 
+@pytest.mark.slow
 def test_sampling_is_seeded_and_independent_of_batching():
     scorer = scorer_for(SMOL)
     prompts = [scorer.encode([t])[0] for t in ["Once upon a time", "The best way to learn is", "In 1850, the city"]]
@@ -103,6 +104,7 @@ def test_rule_based_cloze_path_needs_no_model(tmp_path):
             assert statement == head + choice.strip() + tail
 
 
+@pytest.mark.slow
 def test_generation_end_to_end_resumes_and_feeds_aps(tmp_path):
     from dcsjax.data.tasks import load_task, resolve_task
     from dcsjax.eval.run import run_eval
@@ -140,6 +142,7 @@ def test_generation_end_to_end_resumes_and_feeds_aps(tmp_path):
         assert record["statements"] == [kept[record["id"]][p] for p in perm]
 
 
+@pytest.mark.slow
 def test_judge_reads_yes_against_no_as_transformers_does(tmp_path):
     """The judge's P(Yes) / (P(Yes) + P(No)) at the assistant turn's first token, against transformers."""
     import torch

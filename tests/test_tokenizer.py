@@ -16,6 +16,8 @@ from dcsjax.checkpoints.gguf_tokenizer import build_gguf_tokenizer
 from dcsjax.data.bigbench import bigbench_items
 from dcsjax.checkpoints.fetch import fetch_model
 
+pytestmark = pytest.mark.slow
+
 SPECIAL = ["bos_token_id", "eos_token_id", "unk_token_id", "pad_token_id"]
 
 

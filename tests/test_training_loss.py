@@ -66,6 +66,7 @@ def _step(x, s, opt, correct, idk, valid, options):
     return optax.apply_updates(x, updates), s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("answerable_share,expect", [(0.7, "answer"), (0.3, "abstain")])
 def test_learned_optimum_follows_the_guessing_threshold(answerable_share, expect):
     """One distribution shared by 10 items (a model that cannot tell them apart): a share q of them have

@@ -463,7 +463,7 @@ def experts(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
 
     # XLA's CPU code rounds the same input differently at some array shapes: elementwise (3.7e-9 on a router
     # probability between a [32, 128, 4] batch and one of its rows), and the router's matmul, whose few
-    # columns (E) take a kernel that sums by the number of rows on AVX2-only hosts (2026-12-02); routing tokens
+    # columns (E) take a kernel that sums by the number of rows on AVX2-only hosts; routing tokens
     # in chunks of one fixed shape, the router's matmul included, makes a token's weights independent of the
     # batch it shares
     n = b * t
