@@ -72,6 +72,11 @@ def tiny_scorer(**options):
         real = config_from_gguf(gguf_metadata(file), gguf_vocab_size(file), source=str(path))
         config = replace(real, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, mlp_size=128)
         model = Decoder(config, rngs=nnx.Rngs(0))
+        # weights ten times the init's scale (std 0.2), so that its distributions are far from uniform and
+        # settings that should change a score do (at the init's 0.02 every option would tie)
+        import jax
+
+        nnx.update(model, jax.tree.map(lambda w: w * 10 if w.ndim > 1 else w, nnx.state(model, nnx.Param)))
         tokenizer = gguf_tokenizer(path, file, card.sha256)
         start = tokenizer.convert_tokens_to_ids(card.document_start)
         _scorers["tiny"] = Scorer(model, tokenizer, start, name=SMOL, card=card, variant=card.variant,

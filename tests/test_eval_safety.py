@@ -1,6 +1,10 @@
-"""`dcsjax eval` on a real model computes every number it prints: a resume reuses only records made with
-the same settings, one writer per folder, a summary that merges without losing or doubling rows, bad input
-reported by item, file and line while the rest is scored, readers that never write."""
+"""`dcsjax eval` computes every number it prints: a resume reuses only records made with the same settings,
+one writer per folder, a summary that merges without losing or doubling rows, bad input reported by item,
+file and line while the rest is scored, readers that never write.
+
+This is bookkeeping, not what the weights say: the runs score with the tiny random-weight decoder (SmolLM2's
+tokenizer and card; `conftest.tiny_scorer`), whose compiles and forward passes cost a fraction of the real
+model's."""
 
 import json
 import re
@@ -8,7 +12,7 @@ import warnings
 
 import pytest
 
-from conftest import scorer_for
+from conftest import scorer_for, tiny_scorer
 from dcsjax.analysis.report import write_report
 from dcsjax.cli import main
 from dcsjax.errors import ConfigError
@@ -19,7 +23,7 @@ MODEL = "smollm2-135m-instruct"
 
 
 def evaluate(output, tasks=("known_unknowns",), protocols=("dcs",), limit=6, scorer=None, **kwargs):
-    return run_eval(MODEL, list(tasks), list(protocols), output, limit=limit, scorer=scorer or scorer_for(MODEL),
+    return run_eval(MODEL, list(tasks), list(protocols), output, limit=limit, scorer=scorer or tiny_scorer(),
                     progress=False, **kwargs)
 
 
@@ -36,27 +40,26 @@ ITEMS = [{"id": f"q{i}", "question": f"What is {i} + {i}?", "choices": [str(2 * 
          for i in range(1, 4)]
 
 
-@pytest.mark.slow
 def test_a_resume_with_another_threshold_is_refused_then_scored_anew(tmp_path):
-    out = tmp_path / "out"
-    default = values(evaluate(out))
+    # DCS from letters: one token an option, so even a random model spreads its mass (sequence DCS of a random
+    # model puts it all on the shortest option, "Unknown", where every threshold scores 0)
+    out, letters = tmp_path / "out", ("dcs-letters",)
+    default = values(evaluate(out, protocols=letters))
     with pytest.raises(ResultsError, match=r"made with other settings \(settings\.lw: 1\.0 -> 9\.0"):
-        evaluate(out, threshold=0.9)
-    assert values(evaluate(out)) == default  # the same settings resume from every record
-    with pytest.warns(UserWarning, match="moved to dcs.jsonl.stale"):
-        replaced = values(evaluate(out, threshold=0.9, replace_stale=True))
-    fresh = values(evaluate(tmp_path / "fresh", threshold=0.9))
+        evaluate(out, protocols=letters, threshold=0.9)
+    assert values(evaluate(out, protocols=letters)) == default  # the same settings resume from every record
+    with pytest.warns(UserWarning, match="moved to dcs-letters.jsonl.stale"):
+        replaced = values(evaluate(out, protocols=letters, threshold=0.9, replace_stale=True))
+    fresh = values(evaluate(tmp_path / "fresh", protocols=letters, threshold=0.9))
     assert replaced == fresh and replaced != default
-    records = read_records(out / MODEL / "known_unknowns" / "dcs.jsonl")
+    records = read_records(out / MODEL / "known_unknowns" / "dcs-letters.jsonl")
     assert len(records) == 6 and all(r["lw"] == pytest.approx(9.0) for r in records)
 
 
-@pytest.mark.slow
 def test_a_resume_in_another_dtype_is_refused(tmp_path):
-    import dcsjax
-
     evaluate(tmp_path)
-    bf16 = dcsjax.load(MODEL, dtype="bfloat16")
+    tiny = tiny_scorer()
+    bf16 = tiny_scorer(model_fingerprint={**tiny.model_fingerprint, "dtype": "bfloat16"})  # as `load` says it
     with pytest.raises(ResultsError, match=r"model\.dtype: 'float32' -> 'bfloat16'"):
         evaluate(tmp_path, scorer=bf16)
 
@@ -97,7 +100,6 @@ def test_an_empty_file_gives_null_not_nan(tmp_path):
     assert "NaN" not in text and json.loads(text)["rows"][0]["value"] is None
 
 
-@pytest.mark.slow
 def test_summary_rows_merge_by_task_name_and_keep_other_protocols(tmp_path):
     evaluate(tmp_path, protocols=("qa-ppl", "dcs"))
     evaluate(tmp_path, tasks=("bigbench:known_unknowns",), protocols=("dcs",))  # the card's source names it too
