@@ -14,7 +14,7 @@ import numpy as np
 
 import dcsjax
 from dcsjax.engine.scorer import _batch_logprobs
-from dcsjax.engine.sharding import batch_sharding
+from dcsjax.nn.sharding import batch_sharding
 
 TEXTS = [f"Statement {i}: " + " ".join(["the sharded model scores this text"] * (1 + i % 7)) for i in range(24)]
 

@@ -10,7 +10,7 @@ from flax import nnx
 
 from dcsjax.nn.config import config_from_hf
 from dcsjax.nn.decoder import Decoder
-from dcsjax.engine.sharding import partition_spec
+from dcsjax.nn.sharding import partition_spec
 
 PUBLISHED = {  # name: (config.json as published, parameters as published)
     "Llama-3.1-8B": ({

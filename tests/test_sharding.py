@@ -17,7 +17,7 @@ import pytest
 
 from conftest import F32_NATS
 from dcsjax.engine.packing import batch_heights, rows_per_batch
-from dcsjax.engine.sharding import RULES, make_mesh, partition_spec
+from dcsjax.nn.sharding import RULES, make_mesh, partition_spec
 
 
 @pytest.fixture(scope="module")

@@ -107,7 +107,7 @@ _FAMILY_TABLES = {"qwen2": _qwen2_table, "phi3": _phi3_table, "qwen3_moe": _qwen
 def build_decoder(c: DecoderConfig, tensors: Iterable[tuple[str, np.ndarray]], source: str,
                   dtype=jnp.float32, mesh=None) -> Decoder:
     """A `Decoder` whose every parameter was read from `tensors`; anything missing or extra raises.
-    With a mesh, each parameter goes straight into its shards by the rules of `dcsjax.engine.sharding`."""
+    With a mesh, each parameter goes straight into its shards by the rules of `dcsjax.nn.sharding`."""
     model = nnx.eval_shape(lambda: Decoder(c, dtype=dtype, rngs=nnx.Rngs(0)))
     layer_shapes = layer_param_shapes(c)
     table = _layer_table(c)
@@ -162,7 +162,7 @@ def build_decoder(c: DecoderConfig, tensors: Iterable[tuple[str, np.ndarray]], s
         if mesh is None:
             param.set_value(jnp.asarray(value, dtype))
         else:
-            from dcsjax.engine.sharding import place
+            from dcsjax.nn.sharding import place
 
             param.set_value(place(value, param.axes, mesh, dtype))
 

@@ -79,3 +79,22 @@ def jsonl_items(path: str | Path) -> tuple[list[Item], list[ItemError]]:
         checked = check_item(item, where)
         (items if isinstance(checked, Item) else errors).append(checked)
     return items, errors
+
+
+def read_statements(path: Path) -> list[dict]:
+    """A statements file's rows; a line that is broken, not UTF-8, lacks a field or whose statements do not
+    match its options is an error naming the file and line."""
+    rows = []
+    for number, row, problem in jsonl_rows(path):
+        try:
+            if problem is not None:
+                raise ValueError(problem)
+            missing = [k for k in ("id", "question", "choices", "statements") if k not in row]
+            if missing:
+                raise ValueError(f"missing field {', '.join(missing)}")
+            if len(row["statements"]) != len(row["choices"]):
+                raise ValueError(f"{len(row['statements'])} statements for {len(row['choices'])} options")
+        except (TypeError, ValueError) as err:
+            raise InputError(f"{path}:{number}: not a statements row: {err}") from err
+        rows.append(row)
+    return rows

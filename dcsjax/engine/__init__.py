@@ -2,6 +2,6 @@
 
 `load` (a `Scorer` from a card, file, directory or hub id), `scorer` (encoding, request builders and the
 packed scoring step), `packing` (buckets and rows), `logprobs` (the vocabulary-chunked log-prob kernel),
-`generate` (the KV-cache decoding loop), `sharding` (logical axes onto a mesh), `distributed` (JAX's
-multi-process runtime).
+`generate` (the KV-cache decoding loop), `distributed` (JAX's multi-process runtime). Parameters are placed
+on a mesh by `dcsjax.nn.sharding`.
 """

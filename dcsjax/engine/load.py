@@ -34,7 +34,7 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
     mesh: "2x4" (data x model devices), a jax Mesh, or None: parameters load straight into their shards.
     """
     from dcsjax.checkpoints.fetch import fetch_model
-    from dcsjax.engine.sharding import make_mesh
+    from dcsjax.nn.sharding import make_mesh
 
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")

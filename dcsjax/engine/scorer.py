@@ -19,7 +19,7 @@ from dcsjax.errors import InputError
 from dcsjax.engine.logprobs import reduce_logprobs, sharded_token_logprobs, token_logprobs_and_greedy
 from dcsjax.engine.packing import BUCKET_MULTIPLE, DEFAULT_BUCKETS, Group, PlannedBatch, make_batch, plan_batches
 from dcsjax.nn.decoder import Decoder
-from dcsjax.engine.sharding import batch_sharding
+from dcsjax.nn.sharding import batch_sharding
 
 
 def _forward(graphdef, vocab_chunk: int, mesh, state, tokens, positions, segment_ids, attend_to, targets):

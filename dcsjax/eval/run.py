@@ -272,7 +272,7 @@ def summary_row(model: str, task: str, protocol: str, records: list[dict], error
 def _with_statements(items, errors, path: Path):
     """Items that have statements in the file, carrying them; the rest become error records."""
     from dcsjax.data.items import ItemError
-    from dcsjax.statements.validate import read_statements
+    from dcsjax.data.jsonl import read_statements
 
     by_id = {row["id"]: row["statements"] for row in read_statements(path)}
     kept = [replace(i, statements=tuple(by_id[i.id])) for i in items if i.id in by_id and len(by_id[i.id]) == len(i.choices)]

@@ -17,31 +17,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from dcsjax.data.jsonl import read_statements
 from dcsjax.errors import InputError
 
 JUDGE_PROMPT = ("Question: {question}\nAnswer: {answer}\nStatement: {statement}\n\nDoes the statement preserve the "
                 "meaning of the question-answer pair without omissions or distortions? Answer Yes or No.")
-
-
-def read_statements(path: Path) -> list[dict]:
-    """A statements file's rows; a line that is broken, not UTF-8, lacks a field or whose statements do not
-    match its options is an error naming the file and line."""
-    from dcsjax.data.jsonl import jsonl_rows
-
-    rows = []
-    for number, row, problem in jsonl_rows(path):
-        try:
-            if problem is not None:
-                raise ValueError(problem)
-            missing = [k for k in ("id", "question", "choices", "statements") if k not in row]
-            if missing:
-                raise ValueError(f"missing field {', '.join(missing)}")
-            if len(row["statements"]) != len(row["choices"]):
-                raise ValueError(f"{len(row['statements'])} statements for {len(row['choices'])} options")
-        except (TypeError, ValueError) as err:
-            raise InputError(f"{path}:{number}: not a statements row: {err}") from err
-        rows.append(row)
-    return rows
 
 
 def qa_pair(question: str, choice: str) -> str:

@@ -47,7 +47,7 @@ from dcsjax.nn.decoder import (
     LowRank, attention_masks, layer_flags, layer_param_shapes, normalize, readout_block, right_padded, rope_tables,
     run_blocks, unembed,
 )
-from dcsjax.engine.sharding import make_mesh
+from dcsjax.nn.sharding import make_mesh
 from dcsjax.training.features import LetterFeatures
 from dcsjax.training.loss import dcs_loss, option_ce
 
@@ -287,7 +287,7 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
           until: int | None = None, mesh=None) -> dict:
     """Train one arm, adapter and seed, resuming from `run_dir` if it holds a checkpoint. -> the best top
     parameters (by `selection_score` on dev; LoRA merged in) and the evaluation history. until: return after that step
-    (checkpointed), as a killed run would stop; calling again resumes. mesh: a `dcsjax.engine.sharding` mesh (or
+    (checkpointed), as a killed run would stop; calling again resumes. mesh: a `dcsjax.nn.sharding` mesh (or
     "2x4"): the same step with the batch split over `data` and the weights over `model` by the rules table."""
     import orbax.checkpoint as ocp
 
@@ -398,7 +398,7 @@ def on_mesh(mesh, c, base: dict, trainable: dict, embedding: jax.Array):
     """The frozen top parameters and the embedding split by the rules table (heads, MLP width and
     vocabulary over `model`), the trainable ones likewise ("top") or replicated (LoRA's small factors).
     XLA's partitioner then runs the same jitted step as on one device."""
-    from dcsjax.engine.sharding import place
+    from dcsjax.nn.sharding import place
 
     axes = {name: ("layers", *spec[1]) for name, spec in layer_param_shapes(c).items()}
     layer_axes = lambda tree: {"layers": {k: axes[k] for k in tree["layers"]},  # noqa: E731
