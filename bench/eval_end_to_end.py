@@ -12,15 +12,11 @@ writing the records and the summary. Writes bench/results/eval-end-to-end-<time>
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from common import ROOT, write_record  # bench/common.py
 
 
 def main() -> None:
@@ -28,7 +24,6 @@ def main() -> None:
     from dcsjax.eval import protocols
     from dcsjax.data.tasks import load_task, resolve_task
     from dcsjax.eval.run import CHUNK, MAX_CHUNK, read_records, run_eval, write_spans
-    from dcsjax.eval.results import environment
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -54,16 +49,11 @@ def main() -> None:
         written = read_records(Path(out) / scorer.name / card.slug / f"{args.protocol}.jsonl")
     by_id = {w["id"]: w["choice"] for w in written}  # written shortest first (`evaluate.length_hint`)
     same = len(written) == len(engine) and all(by_id.get(e["id"]) == e["choice"] for e in engine)
-    env = environment()  # once: it asks git for the commit
     record = {"model": args.model, "task": args.task, "protocol": args.protocol, "items": len(items),
               "engine_s": round(engine_s, 2), "eval_s": round(eval_s, 2), "eval_over_engine": round(eval_s / engine_s, 3),
-              "writes": [e - s for s, e in write_spans(len(items), CHUNK, MAX_CHUNK)], "same_answers": same,
-              "cores": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "code": {k: env[k] for k in ("dcsjax", "sources", "git_commit")}}
+              "writes": [e - s for s, e in write_spans(len(items), CHUNK, MAX_CHUNK)], "same_answers": same}
     print(record)
-    path = Path(args.out) / f"eval-end-to-end-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1))
+    path = write_record(args.out, "eval-end-to-end", record, args)
     print(f"dcsjax eval / one engine call: {record['eval_over_engine']}x ({eval_s:.1f} s against {engine_s:.1f} s, "
           f"{len(items)} items, writes of {record['writes']}); wrote {path}")
 

@@ -22,15 +22,9 @@ bench/results/generation-<time>.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+from common import ROOT, write_record  # bench/common.py
 
 TASKS = ("general_knowledge", "misconceptions", "hindu_knowledge", "known_unknowns")
 WORKLOADS = ("apx", "long", "statements")
@@ -136,14 +130,8 @@ def main() -> None:
                      "ratio_to_peer": round(peer_s / ours_s, 2),
                      "same_tokens": same})
         print(rows[-1], flush=True)
-    from dcsjax.eval.results import environment
-
-    record = {"model": args.model, "rows": rows, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "arguments": vars(args),
-              "environment": environment(), "torch": torch.__version__}
-    out = Path(args.out) / f"generation-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
+    out = write_record(args.out, "generation", {"model": args.model, "rows": rows,
+                                                "torch_threads": torch.get_num_threads()}, args)
     from dcsjax.eval.tables import render
 
     print(render(["workload", "new tokens", "dcsjax tokens/s", "first pass (compiles)", "peer tokens/s", "x peer",

@@ -13,7 +13,6 @@ Prints a table and writes bench/results/gpu-llama1b-<time>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from dcsjax.nn.attention import takes_blockwise
 from dcsjax.nn.config import GEMMA_TRAITS, DecoderConfig
 from dcsjax.nn.decoder import Decoder
 from dcsjax.engine.scorer import Scorer
-from peak import matmul_rate  # bench/peak.py, beside this script
+from common import matmul_rate, write_record  # bench/common.py, beside this script
 
 LLAMA_1B = DecoderConfig(architecture="llama", vocab_size=128256, hidden_size=2048, num_layers=16, num_heads=32,
                          num_kv_heads=8, head_dim=64, mlp_size=8192, rms_eps=1e-5, rope_base=500000.0,
@@ -117,11 +116,8 @@ def main(argv=None) -> None:
                      "batch_size": batch, "seconds": round(seconds, 3), "generated_tokens_per_s": round(rate)})
         print(f"  {model_name:20s} generation {n_prompts} prompts x {new} new tokens, batch {batch}: "
               f"{rate:8.0f} generated tok/s", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"gpu-llama1b-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"device": device.device_kind, "bf16_matmul_tflops": peak,
-                                "config": "small" if args.small else "1B shapes", "rows": rows}, indent=1))
+    path = write_record(args.out, "gpu-llama1b", {"bf16_matmul_tflops": peak,
+                                                  "config": "small" if args.small else "1B shapes", "rows": rows}, args)
     print(path)
 
 

@@ -17,16 +17,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache"))
-os.environ.setdefault("HF_HOME", str(ROOT / ".cache" / "huggingface"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+from common import ROOT, write_record  # bench/common.py
 
 SOURCE_TASKS = ("general_knowledge", "misconceptions", "hindu_knowledge", "logical_deduction_three_objects",
                 "known_unknowns")  # benchmark cards (BIG-bench)
@@ -101,16 +95,11 @@ def main() -> None:
     ours, peer = rows
     ratio = {"first_run": round(peer["first_run_s"] / ours["first_run_s"], 2),
              "loaded_run": round(peer["loaded_run_s"] / ours["loaded_run_s"], 2)}
-    import jax
     import torch
 
     record = {"model": args.model, "items": args.items, "tasks": tasks, "rows": rows, "hf_over_dcsjax": ratio,
-              "metrics": metrics, "device": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-              "torch_threads": torch.get_num_threads(), "jax_devices": str(jax.devices()),
-              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    out = Path(args.out) / f"lm-eval-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
+              "metrics": metrics, "torch_threads": torch.get_num_threads()}
+    out = write_record(args.out, "lm-eval", record, args)
     from dcsjax.eval.tables import render
 
     print(render(["backend", "load s", "whole run s (load included)", "second run s (model loaded)"],

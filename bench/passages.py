@@ -17,17 +17,12 @@ largest per-token gap between the two dcsjax paths and to the peer. Writes bench
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+from common import ROOT, Peer, cpu_name, matmul_rate, torch_matmul_rate, write_record  # bench/common.py
 
 TASKS = ("bigbench:logical_deduction/seven_objects", "bigbench:logical_deduction/five_objects")
 
@@ -56,8 +51,6 @@ def main() -> None:
 
     import dcsjax
     from dcsjax.nn import attention
-    from peak import cpu_name, matmul_rate, torch_matmul_rate
-    from throughput import Peer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="smollm2-135m-instruct")
@@ -111,17 +104,7 @@ def main() -> None:
               f"dense path; largest gaps per token: {row['max_gap_blockwise_dense']:.1e} to dense, "
               f"{row['max_gap_blockwise_peer']:.1e} to the peer", flush=True)
         rows.append(row)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"passages-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    import torch
-
-    from dcsjax.eval.results import environment
-
-    path.write_text(json.dumps({"device": jax.devices()[0].device_kind, "cpu": cpu_name(), "cores": os.cpu_count(),
-                                "matmul_gflops_float32": peak, "arguments": vars(args),
-                                "environment": environment(), "torch": torch.__version__, "rows": rows},
-                               indent=1))
+    path = write_record(args.out, "passages", {"matmul_gflops_float32": peak, "rows": rows}, args)
     print(f"\n{path}")
 
 

@@ -15,17 +15,15 @@ bench/results/profile-attention-<time>.json. Needs the test extra (torch).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profile_statements import median_seconds  # noqa: E402
-from throughput import ROOT  # noqa: E402  (sets the cache and offline variables first)
+from common import ROOT, cpu_name, write_record  # noqa: E402  (bench/common.py sets the cache variables first)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -113,7 +111,6 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder for the JSON")
     args = parser.parse_args()
     import dcsjax
-    from peak import cpu_name
 
     scorer = dcsjax.load(args.model)
     rows = [profile(scorer, int(t), args.repeats) for t in args.rows.split(",")]
@@ -128,12 +125,8 @@ def main() -> None:
               f"{ph['values_matmul_s']:7.2f} {1e3 * r['tiles_sum_per_layer_s']:6.0f} {1e3 * r['blockwise_per_layer_s']:6.0f}")
     print("(seconds per row: decoder forward, attention over all layers; per layer: a tile's passes in ms, "
           "their sum over the live tiles and the whole tiled call in ms)")
-    from dcsjax.eval.results import environment
-
-    out = Path(args.out) / f"profile-attention-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": scorer.name, "cpu": cpu_name(), "cores": os.cpu_count(),
-                               "environment": environment(), "repeats": args.repeats, "rows": rows}, indent=2))
+    out = write_record(args.out, "profile-attention", {"model": scorer.name, "repeats": args.repeats, "rows": rows},
+                       args)
     print(out)
 
 

@@ -13,20 +13,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
-import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from common import ROOT, write_record  # bench/common.py
+from xla_ops import WEIGHT_MATMULS
 
-WEIGHT_MATMULS = ("btd,df->btf", "btf,fd->btd", "btd,dhk->bthk", "bthk,hkd->btd", "bsd,dnk->bsnk")
 
 
 def category(name: str, op_name: str) -> str:
@@ -64,7 +58,6 @@ def main() -> None:
     import dcsjax
     from dcsjax.engine.generate import _decode
     from dcsjax.engine.packing import bucket_for
-    from dcsjax.eval.results import environment
     from generation import prompts_of
     from xla_ops import origins, traced_seconds
 
@@ -124,12 +117,10 @@ def main() -> None:
     print(f"  the slowest operations of the traced run of {args.new} tokens (its prefill included):")
     for r in top:
         print(f"  {r['s']:7.2f} s  {r['operation'][:24]:24} {r['what']:40} {r['from']}")
-    out = Path(args.out) / f"profile-decode-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": scorer.name, "prompts": len(prompts), "bucket": bucket, "new_tokens": args.new,
-                               "prefill_s": walls[1], "decode_step_s": step_s, "tokens_per_s": len(prompts) / step_s,
-                               "kv_cache_mb": cache_mb, "step_operations_s": total, "rows": rows, "slowest": top,
-                               "arguments": vars(args), "environment": environment()}, indent=2))
+    out = write_record(args.out, "profile-decode", {
+        "model": scorer.name, "prompts": len(prompts), "bucket": bucket, "new_tokens": args.new, "prefill_s": walls[1],
+        "decode_step_s": step_s, "tokens_per_s": len(prompts) / step_s, "kv_cache_mb": cache_mb,
+        "step_operations_s": total, "rows": rows, "slowest": top}, args)
     print(out)
 
 

@@ -12,20 +12,15 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
-import os
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from common import ROOT, write_record  # bench/common.py
+from xla_ops import WEIGHT_MATMULS
 
-WEIGHT_MATMULS = ("btd,df->btf", "btf,fd->btd", "btd,dhk->bthk", "bthk,hkd->btd", "bsd,dnk->bsnk")
 
 
 def category(name: str, op_name: str) -> str:
@@ -56,7 +51,6 @@ def main() -> None:
     import jax.numpy as jnp
 
     import dcsjax
-    from dcsjax.eval.results import environment
     from dcsjax.training.data import abstention_splits
     from dcsjax.training.features import letter_features
     from dcsjax.training.train import TrainConfig, _train_step, cut_length, init_trainable, optimizer_for, top_params
@@ -108,11 +102,9 @@ def main() -> None:
     print("  the slowest operations:")
     for r in top:
         print(f"  {r['seconds']:7.2f} s  {r['operation'][:32]:32} {r['what']:40} {r['from']}")
-    out = Path(args.out) / f"profile-lora-step-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": scorer.name, "batch": [args.batch, t], "lora_layers": k,
-                               "update_s": min(walls), "operations_s": total, "rows": rows, "slowest": top,
-                               "environment": environment()}, indent=2))
+    out = write_record(args.out, "profile-lora-step", {"model": scorer.name, "batch": [args.batch, t], "lora_layers": k,
+                                                       "update_s": min(walls), "operations_s": total, "rows": rows,
+                                                       "slowest": top}, args)
     print(out)
 
 

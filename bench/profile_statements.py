@@ -19,35 +19,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import ROOT, statements  # noqa: E402  (sets the cache and offline variables first)
+from common import ROOT, cpu_name, median_seconds, write_record  # noqa: E402  (bench/common.py: the cache variables first)
+from throughput import statements  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 MATMULS = ("q", "k", "v", "o", "gate", "up", "down")
-
-
-def median_seconds(fn, repeats: int, wait=jax.block_until_ready) -> float:
-    """Median wall time of `fn()` after one untimed call (it compiles); `wait` blocks until the result is
-    ready (jax dispatches asynchronously; torch on CPU returns finished tensors: `wait=lambda x: x`)."""
-    wait(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        wait(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def weight_shapes(c) -> list[tuple[int, int]]:
@@ -199,7 +186,6 @@ def main() -> None:
     parser.add_argument("--child-folder", help=argparse.SUPPRESS)  # set by --xla-flags for its children
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder for the JSON")
     args = parser.parse_args()
-    from peak import cpu_name
 
     if args.child_folder:
         folder = Path(args.child_folder)
@@ -232,12 +218,7 @@ def main() -> None:
               f"{number(r['torch_block_gflops'], 6)} | {number(r['xla_head_gflops'], 8)} {number(r['torch_head_gflops'], 6)} | "
               f"{r['matmul_share_of_whole']:19.2f}")
     print("(milliseconds per batch; blocks: every block's weight matmuls; head: the output matrix over vocabulary chunks)")
-    from dcsjax.eval.results import environment
-
-    out = Path(args.out) / f"profile-statements-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"cpu": cpu_name(), "cores": os.cpu_count(), "environment": environment(),
-                               "repeats": args.repeats, "rows": rows}, indent=2))
+    out = write_record(args.out, "profile-statements", {"repeats": args.repeats, "rows": rows}, args)
     print(out)
 
 

@@ -19,17 +19,11 @@ Model FLOPs per token = 2 x (matmul parameters, output head included) + 4 x laye
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import time
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+from common import ROOT, Peer, cpu_name, matmul_rate, timed, torch_matmul_rate, write_record  # bench/common.py
 
 MODELS = ("smollm2-135m-instruct", "gemma3-270m")
 DEMO_TASKS = ("known_unknowns", "logical_deduction_three_objects", "misconceptions", "hindu_knowledge",
@@ -78,17 +72,6 @@ def slot_use(scorer, id_lists) -> float:
 
 
 # ------------------------------------------------------------------------------------------ runners
-def timed(fn, repeats: int = 2) -> tuple[float, object]:
-    """Best wall time of `repeats` runs after one warm-up (which compiles)."""
-    result = fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
-
-
 def dcsjax_statements(scorer, texts, batch_size: int, pack: bool, repeats: int):
     from dcsjax.engine.scorer import Scorer
 
@@ -98,41 +81,6 @@ def dcsjax_statements(scorer, texts, batch_size: int, pack: bool, repeats: int):
     compiles = Scorer.compile_count() - before
     seconds, lps = timed(lambda: scorer.token_logprobs(texts), repeats)
     return seconds, lps, compiles
-
-
-class Peer:
-    """lm-eval's HF backend, in effect: right-padded batches, full logits, log_softmax, gather."""
-
-    def __init__(self, name: str, dtype: str):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from dcsjax.checkpoints.fetch import fetch_model
-
-        torch.set_num_threads(os.cpu_count() or 1)
-        path = fetch_model(name)
-        self.torch = torch
-        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype).eval()
-
-    def token_logprobs(self, ids: list[list[int]], batch_size: int, sort: bool = True) -> list[np.ndarray]:
-        torch = self.torch
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i])) if sort else list(range(len(ids)))
-        out: list[np.ndarray | None] = [None] * len(ids)
-        with torch.inference_mode():
-            for s in range(0, len(order), batch_size):
-                chunk = order[s:s + batch_size]
-                width = max(len(ids[i]) for i in chunk)
-                x = torch.zeros((len(chunk), width), dtype=torch.long)
-                mask = torch.zeros_like(x)
-                for r, i in enumerate(chunk):
-                    x[r, :len(ids[i])] = torch.tensor(ids[i])
-                    mask[r, :len(ids[i])] = 1
-                logits = self.model(input_ids=x, attention_mask=mask).logits
-                lp = torch.log_softmax(logits.float(), -1)[:, :-1].gather(2, x[:, 1:, None])[..., 0]
-                for r, i in enumerate(chunk):
-                    out[i] = lp[r, :len(ids[i]) - 1].numpy()
-        return out
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -237,10 +185,6 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.dtypes.split(",")[0] != "float32" or not set(args.dtypes.split(",")) <= {"float32", "bfloat16"}:
         parser.error("--dtypes: float32 first (the bfloat16 rows are compared with it), then optionally bfloat16")
-    import jax
-
-    from peak import cpu_name, matmul_rate, torch_matmul_rate
-
     work = 2e9 if args.quick else 2e10  # FLOPs per timed try of the matmul rate
     # the rates of the dtypes benchmarked only: torch's bfloat16 matmul on a CPU without AVX-512 BF16 runs at
     # a few GFLOP/s, and measuring it took over ten minutes on an AVX2-only host (2026-12-02)
@@ -253,17 +197,8 @@ def main(argv=None) -> None:
     for name in args.models.split(","):
         print(name, flush=True)
         rows += bench_model(name, args.quick, peak, args.workloads.split(","), dtypes)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"throughput-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    import torch
-
-    from dcsjax.eval.results import environment
-
-    path.write_text(json.dumps({"matmul_gflops": peak, "torch_matmul_gflops": torch_peak, "cpu": cpu_name(),
-                                "device": jax.devices()[0].device_kind, "cores": os.cpu_count(),
-                                "arguments": vars(args), "environment": environment(), "torch": torch.__version__,
-                                "rows": rows}, indent=1))
+    path = write_record(args.out, "throughput", {"matmul_gflops": peak, "torch_matmul_gflops": torch_peak,
+                                                 "rows": rows}, args)
     print(f"\n{path}")
 
 

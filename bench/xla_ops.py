@@ -11,6 +11,9 @@ import re
 import tempfile
 from typing import Callable
 
+# the einsum specs of the decoder's weight matmuls (`dcsjax.nn.decoder`), as XLA's operation metadata names them
+WEIGHT_MATMULS = ("btd,df->btf", "btf,fd->btd", "btd,dhk->bthk", "bthk,hkd->btd", "bsd,dnk->bsnk")
+
 
 def origins(compiled) -> dict[str, str]:
     """XLA operation -> the JAX operation it came from (its op_name), in a compiled program

@@ -23,9 +23,11 @@ def run(args, tmp_path):
 
 
 def names_its_code(record):
-    """A bench record says what made it: the code (commit, source digest), the libraries and the arguments."""
+    """A bench record says what made it (`bench/common.write_record`): the host, the code (source digest),
+    the libraries, the command and its arguments."""
     env = record["environment"]
-    assert env["sources"] and env["jax"] and env["transformers"] and record["arguments"]
+    assert env["sources"] and env["jax"] and env["transformers"] and record["arguments"] and record["command"]
+    assert record["cpu"] and record["cores"] and record["device"] and record["time"]
     return True
 
 
@@ -57,6 +59,7 @@ def test_lm_eval_backends_script_quick(tmp_path):
     assert [r["backend"] for r in result["rows"]] == ["dcsjax", "hf"]
     assert all(r["first_run_s"] > 0 and r["loaded_run_s"] > 0 for r in result["rows"])
     assert result["metrics"]["dcsjax"] == result["metrics"]["hf"]  # the same accuracies from both backends
+    assert names_its_code(result)
 
 
 def test_generation_script_quick(tmp_path):
@@ -76,7 +79,7 @@ def test_generation_script_quick(tmp_path):
 def test_eval_end_to_end_script_quick(tmp_path):
     result = run(["bench/eval_end_to_end.py", "--task", "general_knowledge", "--items", "12"], tmp_path)
     assert result["same_answers"] and result["engine_s"] > 0 and result["eval_s"] > 0
-    assert sum(result["writes"]) == 12
+    assert sum(result["writes"]) == 12 and names_its_code(result)
 
 
 def test_decode_profile_script_quick(tmp_path):
