@@ -9,8 +9,9 @@ are bit-identical however the batches are packed), so a resumed run's files equa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -118,124 +119,207 @@ def check_arguments(protocols: Sequence[str], limit: int | None, threshold: floa
         raise ConfigError(f"{err}: answering pays above confidence t, so 0 < t < 1") from err
 
 
-def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output: Path, limit: int | None = None,
-             threshold: float | None = None, batch_size: int = 16, progress: bool = True, scorer=None,
-             chunk: int = CHUNK, max_chunk: int = MAX_CHUNK, dtype: str = "float32", mesh=None, statements: str | Path | None = None,
-             replace_stale: bool = False, document_start: str | None = None, variant: str | None = None,
-             option_order: str = DEFAULT_ORDER, seed: int = 0, idk_phrasings: Sequence[str] | None = None,
-             skip_unavailable: bool = False, num_fewshot: int = 0, log_samples: bool = False) -> dict:
-    """Every protocol on every task. In a multi-process run (`dcsjax.engine.distributed`), each process scores its
-    share of every chunk and process 0 writes the gathered records; the files equal a single process's.
+@dataclass(frozen=True)
+class EvalConfig:
+    """Everything that says what a `dcsjax eval` run computes and where it writes: every protocol on every task.
 
     statements: a file from `dcsjax statements generate`: APS reads its statements, and every protocol
     scores only the items it holds (the same items for all, as in paper 002); each item it lacks (filtered
     at generation) is an error record of its task.
     option_order, seed: how options are presented (`dcsjax.eval.protocols.options`); shuffled by default.
     idk_phrasings: the wordings of "I don't know" that sequence DCS scores (the first is the IDK option's
-    text in the letter prompt).
+    text in the letter prompt); () = the protocols' default phrasings.
     skip_unavailable: a protocol a task cannot run (APS without declarative statements) is skipped and
     named in the result's `skipped`, instead of stopping the run before it starts.
     replace_stale: records of other settings in the output are moved aside (`.stale`) instead of stopping.
     num_fewshot: solved exemplars before each question, MCQA-LL and APX only (`protocols.fewshot`).
     log_samples: each record keeps the text(s) the model was given (`prompt`); its raw output is in the
-    record already (APX's generation, the log-likelihoods or probabilities of the others)."""
+    record already (APX's generation, the log-likelihoods or probabilities of the others).
+    chunk, max_chunk: items per write (`write_spans`); progress: progress bars. Neither changes a result."""
+    model: str
+    tasks: tuple[str, ...]
+    protocols: tuple[str, ...]
+    output: Path
+    limit: int | None = None
+    threshold: float | None = None
+    batch_size: int = 16
+    dtype: str = "float32"
+    mesh: object = None
+    statements: Path | None = None
+    replace_stale: bool = False
+    document_start: str | None = None
+    variant: str | None = None
+    option_order: str = DEFAULT_ORDER
+    seed: int = 0
+    idk_phrasings: tuple[str, ...] = ()
+    skip_unavailable: bool = False
+    num_fewshot: int = 0
+    log_samples: bool = False
+    chunk: int = CHUNK
+    max_chunk: int = MAX_CHUNK
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        from dcsjax.eval.protocols import IDK_PHRASINGS
+
+        set_ = object.__setattr__.__get__(self)  # frozen: normalised once, here
+        set_("tasks", tuple(self.tasks))
+        set_("protocols", tuple(self.protocols))
+        set_("output", Path(self.output))
+        set_("statements", Path(self.statements) if self.statements is not None else None)
+        set_("idk_phrasings", tuple(self.idk_phrasings or IDK_PHRASINGS))
+
+    @property
+    def loadings(self) -> tuple[float, float]:
+        """(lc, lw), once the arguments are checked (clear errors before anything loads)."""
+        return check_arguments(self.protocols, self.limit, self.threshold, self.option_order, self.idk_phrasings)
+
+    def run_record(self, cards, model_identity: dict) -> dict:
+        """The run as summary.json names it (its rows point at it): this configuration, the resolved task
+        names, the model's identity, the loadings and the versions."""
+        lc, lw = self.loadings
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name not in ("output", "chunk", "max_chunk", "progress")}  # not asdict: it deep-copies a mesh
+        return {**fields, "tasks": [c.name for c in cards], "protocols": list(self.protocols),
+                "idk_phrasings": list(self.idk_phrasings), "model_identity": model_identity, "lc": lc, "lw": lw,
+                "statements": str(self.statements) if self.statements else None,
+                "mesh": None if self.mesh is None else str(self.mesh),
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "versions": results.environment()}
+
+
+def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output: Path, *, scorer=None,
+             **settings) -> dict:
+    """`evaluate(EvalConfig(model, tasks, protocols, output, **settings), scorer)`."""
+    return evaluate(EvalConfig(model, tuple(tasks), tuple(protocols), Path(output), **settings), scorer)
+
+
+def evaluate(config: EvalConfig, scorer=None) -> dict:
+    """Plan (which protocol runs on which task, checked before the model loads), then per task and protocol
+    resume and score (`_score_protocol`), then the merged summary. scorer: an already loaded model (else
+    `config.model` is loaded). In a multi-process run (`dcsjax.engine.distributed`), each process scores its
+    share of every chunk and process 0 writes the gathered records; the files equal a single process's.
+    -> {"rows": this run's summary rows in its order, "skipped": [...]}."""
     import dcsjax
+    from dcsjax.data.tasks import resolve_task
     from dcsjax.engine import distributed
+    from dcsjax.eval.protocols import fewshot
+
+    config.loadings  # noqa: B018  (argument errors first)
+    fewshot.check(config.protocols, config.num_fewshot)
+    cards = [resolve_task(task) for task in config.tasks]
+    plan, skipped = _plan(config, cards)
+    lead = distributed.rank() == 0  # the process that reads and writes the files
+    writer = results.ResultsWriter(config.output, config.replace_stale) if lead else contextlib.nullcontext()
+    with writer:  # taken before the model loads: a locked or unwritable folder fails at once
+        scorer = scorer or dcsjax.load(config.model, batch_size=config.batch_size, dtype=config.dtype, mesh=config.mesh,
+                                       document_start=config.document_start, variant=config.variant)
+        model_identity = scorer.model_fingerprint or {"name": scorer.name}
+        rows = [row for card, runnable in plan for row in _score_task(config, card, runnable, scorer, writer, lead)]
+        if lead:
+            writer.update_summary(rows, config.run_record(cards, model_identity))
+    # this run's rows, in its order (summary.json also keeps the rows of earlier runs of other tasks)
+    return distributed.from_rank0({"rows": rows, "skipped": skipped})
+
+
+def _context(config: EvalConfig, card, scorer=None, pool=()):
+    """The protocols' view of one task: the model, the card, the loadings, statements, IDK wordings, exemplars."""
     from dcsjax.eval import protocols as registry
-    from dcsjax.data.tasks import load_task, resolve_task
-    from dcsjax.eval.protocols import IDK_PHRASINGS, fewshot
+    from dcsjax.eval.protocols import fewshot
 
-    idk_phrasings = tuple(idk_phrasings or IDK_PHRASINGS)
-    lc, lw = check_arguments(protocols, limit, threshold, option_order, idk_phrasings)
-    fewshot.check(protocols, num_fewshot)
-    cards = [resolve_task(task) for task in tasks]
-    statements = Path(statements) if statements is not None else None
-    from_file = (lambda item: list(item.statements)) if statements is not None else None
+    lc, lw = config.loadings
+    from_file = (lambda item: list(item.statements)) if config.statements is not None else None
+    exemplars = (fewshot.Exemplars(tuple(pool), config.num_fewshot, config.seed, config.option_order)
+                 if config.num_fewshot and pool else None)
+    return registry.Context(scorer, card, lc, lw, from_file, str(config.statements) if config.statements else None,
+                            config.idk_phrasings, exemplars, config.log_samples)
 
-    def context(card, scorer=None, pool=()):
-        return registry.Context(scorer, card, lc, lw, from_file, str(statements) if statements else None, idk_phrasings,
-                                fewshot.Exemplars(tuple(pool), num_fewshot, seed, option_order) if num_fewshot and pool else None,
-                                log_samples)
+
+def _plan(config: EvalConfig, cards) -> tuple[list, list[dict]]:
+    """[(card, the protocols it runs)] and the (task, protocol) pairs that cannot run, with why; those stop the
+    run before the model loads unless `skip_unavailable`."""
+    from dcsjax.eval import protocols as registry
 
     plan, skipped = [], []
     for card in cards:
         runnable = []
-        for protocol in protocols:
-            reason = registry.get(protocol).unavailable(context(card))
+        for protocol in config.protocols:
+            reason = registry.get(protocol).unavailable(_context(config, card))
             if reason is None:
                 runnable.append(protocol)
             else:
                 skipped.append({"task": card.name, "protocol": protocol, "reason": reason})
         plan.append((card, runnable))
-    if skipped and not skip_unavailable:
+    if skipped and not config.skip_unavailable:
         raise ConfigError("; ".join(f"{s['protocol']} on {s['task']}: {s['reason']}" for s in skipped))
-    lead = distributed.rank() == 0  # the process that reads and writes the files
-    output = Path(output)
-    writer = results.ResultsWriter(output, replace_stale) if lead else contextlib.nullcontext()
-    with writer:  # taken before the model loads: a locked or unwritable folder fails at once
-        scorer = scorer or dcsjax.load(model, batch_size=batch_size, dtype=dtype, mesh=mesh,
-                                       document_start=document_start, variant=variant)
-        model_identity = scorer.model_fingerprint or {"name": scorer.name}
-        rows = []
-        for card, runnable in plan:
-            all_items, load_errors = load_task(card)
-            task = task_identity(card, all_items, statements)
-            items = all_items[:limit] if limit is not None else all_items
-            if statements is not None:
-                items, load_errors = _with_statements(items, load_errors, statements)
-            folder = results.task_folder(output, scorer.name, card.slug)
-            errors = [e.as_record() for e in load_errors]
-            if lead:
-                writer.write_errors(folder, errors)
-            ctx = context(card, scorer, all_items)  # exemplars come from all the task's items, never the item
-            for protocol in runnable:
-                settings = {"model": model_identity, "task": task, "protocol": protocol,
-                            "settings": protocol_settings(protocol, ctx, option_order, seed),
-                            "code": results.code_version()}
-                fingerprint = results.digest(settings)
-                path = results.records_path(output, scorer.name, card.slug, protocol)
-                state = {"done": [], "error": None}
-                if lead:
-                    try:
-                        state["done"] = sorted(r["id"] for r in writer.resume(path, fingerprint, settings))
-                    except results.ResultsError as err:
-                        state["error"] = str(err)
-                state = distributed.from_rank0(state)
-                if state["error"]:
-                    raise results.ResultsError(state["error"])
-                done = set(state["done"])
-                todo = sorted((i for i in items if i.id not in done), key=length_hint)
-                start = time.perf_counter()
-                bar = _bar(progress and lead, len(items), len(items) - len(todo), f"{scorer.name} {card.name} {protocol}")
-                scoring_errors = []
-                for s, e in write_spans(len(todo), chunk, max_chunk):
-                    part = todo[s:e]
-                    mine = score_items(protocol, ctx, distributed.my_share(part), option_order, seed)
-                    gathered = distributed.gather_in_order(mine, len(part))
-                    failed = [{"where": r["id"], "error": r["error"]} for r in gathered if "error" in r]
-                    scoring_errors += failed
-                    if lead:
-                        writer.append(path, [{**r, "fingerprint": fingerprint} for r in gathered if "error" not in r])
-                        writer.append(folder / "errors.jsonl", failed)
-                    bar.update(len(part))
-                bar.close()
-                if not lead:
-                    continue
-                by_id = {r["id"]: r for r in results.read_records(path)}
-                records = [by_id[i.id] for i in items if i.id in by_id]
-                rows.append(summary_row(scorer.name, card.name, protocol, records, len(errors) + len(scoring_errors),
-                                        lc, lw, fingerprint, settings["settings"], time.perf_counter() - start))
+    return plan, skipped
+
+
+def _score_task(config: EvalConfig, card, runnable, scorer, writer, lead: bool) -> list[dict]:
+    """One task's items (and their load errors, written), every runnable protocol scored -> its summary rows."""
+    from dcsjax.data.tasks import load_task
+
+    all_items, load_errors = load_task(card)
+    task = task_identity(card, all_items, config.statements)
+    items = all_items[:config.limit] if config.limit is not None else all_items
+    if config.statements is not None:
+        items, load_errors = _with_statements(items, load_errors, config.statements)
+    folder = results.task_folder(config.output, scorer.name, card.slug)
+    errors = [e.as_record() for e in load_errors]
+    if lead:
+        writer.write_errors(folder, errors)
+    ctx = _context(config, card, scorer, all_items)  # exemplars come from all the task's items, never the item
+    rows = []
+    for protocol in runnable:
+        row = _score_protocol(config, card, protocol, ctx, task, items, len(errors), writer, lead)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _score_protocol(config: EvalConfig, card, protocol: str, ctx, task: dict, items, load_errors: int, writer,
+                    lead: bool) -> dict | None:
+    """Resume (the records of this fingerprint only), score the rest in growing writes, and summarise: the
+    protocol's summary row (None on a process that does not write)."""
+    from dcsjax.engine import distributed
+
+    scorer = ctx.scorer
+    settings = {"model": scorer.model_fingerprint or {"name": scorer.name}, "task": task, "protocol": protocol,
+                "settings": protocol_settings(protocol, ctx, config.option_order, config.seed),
+                "code": results.code_version()}
+    fingerprint = results.digest(settings)
+    path = results.records_path(config.output, scorer.name, card.slug, protocol)
+    state = {"done": [], "error": None}
+    if lead:
+        try:
+            state["done"] = sorted(r["id"] for r in writer.resume(path, fingerprint, settings))
+        except results.ResultsError as err:
+            state["error"] = str(err)
+    state = distributed.from_rank0(state)  # every process resumes from the same records, or stops
+    if state["error"]:
+        raise results.ResultsError(state["error"])
+    done = set(state["done"])
+    todo = sorted((i for i in items if i.id not in done), key=length_hint)
+    start = time.perf_counter()
+    bar = _bar(config.progress and lead, len(items), len(items) - len(todo), f"{scorer.name} {card.name} {protocol}")
+    scoring_errors = []
+    for s, e in write_spans(len(todo), config.chunk, config.max_chunk):
+        part = todo[s:e]
+        mine = score_items(protocol, ctx, distributed.my_share(part), config.option_order, config.seed)
+        gathered = distributed.gather_in_order(mine, len(part))
+        failed = [{"where": r["id"], "error": r["error"]} for r in gathered if "error" in r]
+        scoring_errors += failed
         if lead:
-            run = {"model": model, "model_identity": model_identity, "tasks": [c.name for c in cards],
-                   "protocols": list(protocols), "limit": limit, "threshold": threshold, "lc": lc, "lw": lw,
-                   "option_order": option_order, "seed": seed, "idk_phrasings": list(idk_phrasings),
-                   "statements": str(statements) if statements else None, "dtype": dtype,
-                   "mesh": None if mesh is None else str(mesh), "batch_size": batch_size,
-                   "num_fewshot": num_fewshot, "log_samples": log_samples,
-                   "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "versions": results.environment()}
-            writer.update_summary(rows, run)
-    # this run's rows, in its order (summary.json also keeps the rows of earlier runs of other tasks)
-    return distributed.from_rank0({"rows": rows, "skipped": skipped})
+            writer.append(path, [{**r, "fingerprint": fingerprint} for r in gathered if "error" not in r])
+            writer.append(results.task_folder(config.output, scorer.name, card.slug) / "errors.jsonl", failed)
+        bar.update(len(part))
+    bar.close()
+    if not lead:
+        return None
+    by_id = {r["id"]: r for r in results.read_records(path)}
+    records = [by_id[i.id] for i in items if i.id in by_id]
+    lc, lw = config.loadings
+    return summary_row(scorer.name, card.name, protocol, records, load_errors + len(scoring_errors), lc, lw,
+                       fingerprint, settings["settings"], time.perf_counter() - start)
 
 
 def length_hint(item) -> int:
