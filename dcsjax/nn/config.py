@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from dcsjax.errors import ConfigError
 
@@ -168,10 +168,6 @@ def config_from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "GG
 # HF config.json
 # --------------------------------------------------------------------------------------------------
 
-# HF model_type -> family. Each family's differences are set in `config_from_hf` as DecoderConfig fields.
-_HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
-                   "olmo2": "olmo2",
-                   "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "smollm3": "smollm3", "falcon": "falcon"}
 # Keys that describe bookkeeping, tokens or training, not the forward pass.
 _INERT_HF_KEYS = {
     "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "bos_token_id",
@@ -185,10 +181,26 @@ _INERT_HF_KEYS = {
     "router_aux_loss_coef", "output_router_logits",  # the MoE load-balancing loss of training
     "hidden_dropout",
 }
-_QK_NORM = {"gemma3": "head", "qwen3": "head", "qwen3_moe": "head", "olmo2": "projection"}
-_NORMS = {"gemma2": "pre+post", "gemma3": "pre+post", "olmo2": "post"}
-_WHOLE_MODEL_WINDOW = ("mistral", "phi3")  # a sliding_window there applies to every layer
-_WINDOW_IF_ASKED = ("qwen2", "qwen3", "qwen3_moe", "smollm3")  # only with use_sliding_window, on the layers layer_types names
+
+
+@dataclass(frozen=True)
+class HFFamily:
+    """How one HF `model_type` reads into a `DecoderConfig`: what the family fixes, and readers of its own keys.
+    Everything else is read the common (Llama) way by `config_from_hf`."""
+    arch: str  # the family (ARCHITECTURES)
+    traits: Mapping[str, Any] = field(default_factory=dict)  # DecoderConfig fields the family fixes
+    hidden_act: str = "silu"  # the activation it implements (config key hidden_act / hidden_activation)
+    # how a sliding_window applies: "" not at all; "all" to every layer; "asked" only with use_sliding_window,
+    # on the layers layer_types names; "alternating" local and global layers (Gemma: `global_every`)
+    window: str = ""
+    global_every: int = 0  # Gemma: every n-th layer attends globally when layer_types does not say
+    softcaps: bool = False  # Gemma 2's attention and final logit soft-caps
+    own_keys: Callable | None = None  # (take, n_layers, source) -> more DecoderConfig fields
+    common_spelling: Callable | None = None  # (cfg, source) -> (cfg in the common spelling, more fields)
+
+    @property
+    def gemma(self) -> bool:
+        return self.window == "alternating"
 
 
 def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> DecoderConfig:
@@ -196,12 +208,13 @@ def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> Decod
     (rope_parameters). Every key is either used, known to be inert, or raises naming it."""
     cfg = dict(cfg)
     model_type = cfg.get("model_type")
-    if model_type not in _HF_MODEL_TYPES:
-        raise ConfigError(f"{source}: model_type {model_type!r} is not supported ({sorted(_HF_MODEL_TYPES)})")
-    arch = _HF_MODEL_TYPES[model_type]
-    if arch == "falcon":
-        cfg = _falcon_as_common(cfg, source)
-    gemma = arch in ("gemma2", "gemma3")
+    if model_type not in HF_FAMILIES:
+        raise ConfigError(f"{source}: model_type {model_type!r} is not supported ({sorted(HF_FAMILIES)})")
+    family = HF_FAMILIES[model_type]
+    arch, gemma = family.arch, family.gemma
+    spelled: dict = {}
+    if family.common_spelling is not None:
+        cfg, spelled = family.common_spelling(cfg, source)
     taken: set[str] = set()
 
     def take(key: str, default: Any = ...) -> Any:
@@ -223,65 +236,45 @@ def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> Decod
     vocab, kv_heads = int(take("vocab_size")), int(take("num_key_value_heads", heads))
     n_layers = int(take("num_hidden_layers"))
     rope_base, local_base, llama3 = _hf_rope(take, arch, source)
-    act = ("gelu_pytorch_tanh",) if gemma else ("silu",)
-    must_be("hidden_act", (None, *act))
-    must_be("hidden_activation", (None, *act) if gemma else (None,))
+    must_be("hidden_act", (None, family.hidden_act))
+    must_be("hidden_activation", (None, family.hidden_act) if gemma else (None,))
     must_be("mlp_bias", (None, False))
     attn_cap, final_cap = take("attn_logit_softcapping", None), take("final_logit_softcapping", None)
-    if arch != "gemma2":
+    if not family.softcaps:
         must_be("attn_logit_softcapping", (None,))
         must_be("final_logit_softcapping", (None,))
-    if arch == "qwen2":
-        take("attention_bias", None)  # Qwen2 always has q/k/v biases (and none on the output)
-    else:
+    if not family.traits.get("qkv_bias"):
         must_be("attention_bias", (None, False))
     must_be("partial_rotary_factor", (None, 1.0, 1))
     must_be("is_encoder_decoder", (None, False))
-    if arch == "phi3":  # only read by long-context RoPE scaling, which raises in _hf_rope
-        take("original_max_position_embeddings", None)
 
     types = take("layer_types", None)
     window = take("sliding_window", None)
     use_window = bool(take("use_sliding_window", False))
     local: tuple[bool, ...] = ()
-    if gemma:
-        every = _GEMMA3_GLOBAL_EVERY if arch == "gemma3" else 2
+    if family.window == "alternating":
+        every = family.global_every
         types = types or ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(n_layers)]
         local = tuple(t == "sliding_attention" for t in types)
-    elif arch in _WINDOW_IF_ASKED and use_window and window is not None:
+    elif family.window == "asked" and use_window and window is not None:
         local = tuple(t == "sliding_attention" for t in types) if types else (True,) * n_layers
-    elif arch in _WHOLE_MODEL_WINDOW and window is not None:
+    elif family.window == "all" and window is not None:
         local = (True,) * n_layers
     if types is not None and len(types) != n_layers or set(types or ()) - {"sliding_attention", "full_attention"}:
         raise ConfigError(f"{source}: layer_types={types!r} is not implemented")
     if any(local):
         local_base = local_base if arch == "gemma3" else rope_base
-    experts: dict = {}
-    if arch == "qwen3_moe":  # every layer routed (the published Qwen3-MoE models); mixed stacks would need two scans
-        must_be("decoder_sparse_step", (None, 1))
-        if take("mlp_only_layers", None):
-            raise ConfigError(f"{source}: mlp_only_layers={cfg['mlp_only_layers']!r} is not implemented")
-        experts = dict(num_experts=int(take("num_experts", None) or take("num_local_experts")),
-                       experts_per_token=int(take("num_experts_per_tok")),
-                       expert_mlp_size=int(take("moe_intermediate_size")), norm_topk=bool(take("norm_topk_prob", False)))
-    uses_rope: tuple[bool, ...] = ()
-    if arch == "smollm3":
-        interval = int(take("no_rope_layer_interval", 4))
-        flags = take("no_rope_layers", None) or [int((i + 1) % interval != 0) for i in range(n_layers)]
-        uses_rope = tuple(bool(f) for f in flags[:n_layers])
     config = DecoderConfig(
         architecture=arch, vocab_size=vocab, hidden_size=hidden, num_layers=n_layers,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         mlp_size=int(take("intermediate_size")), rms_eps=float(take("rms_norm_eps")), rope_base=rope_base,
         max_context=int(take("max_position_embeddings")), tie_embeddings=bool(take("tie_word_embeddings", True)),
-        qkv_bias=arch == "qwen2", sliding_window=int(window) if any(local) else None,
+        sliding_window=int(window) if any(local) else None,
         local_rope_base=local_base if any(local) else None, layer_is_local=local if any(local) else (),
         query_pre_attn_scalar=float(take("query_pre_attn_scalar", head_dim)) if gemma else None,
-        **(GEMMA_TRAITS if gemma else {}), embed_scale=math.sqrt(hidden) if gemma else 1.0,
-        norms=take("_falcon_norms", None) or _NORMS.get(arch, "pre"), qk_norm=_QK_NORM.get(arch),
-        **(dict(norm_type="layer", parallel_block=True, gated_mlp=False, activation="gelu") if arch == "falcon" else {}),
-        attn_softcap=attn_cap, final_softcap=final_cap, rope_llama3=llama3,
-        layer_uses_rope=uses_rope if not all(uses_rope) else (), **experts,
+        embed_scale=math.sqrt(hidden) if gemma else 1.0, attn_softcap=attn_cap, final_softcap=final_cap,
+        rope_llama3=llama3, **family.traits, **spelled,
+        **(family.own_keys(take, n_layers, source) if family.own_keys else {}),
     )
     unknown = sorted(set(cfg) - taken - _INERT_HF_KEYS)
     if unknown:
@@ -318,8 +311,8 @@ def _hf_rope(take, arch: str, source: str) -> tuple[float, float, tuple | None]:
     return base, local, llama3
 
 
-def _falcon_as_common(cfg: dict, source: str) -> dict:
-    """Falcon's config in the common spelling, its traits as the `_falcon_*` keys `config_from_hf` reads.
+def _falcon_as_common(cfg: dict, source: str) -> tuple[dict, dict]:
+    """Falcon's config in the common spelling, and where its norms sit (a DecoderConfig field).
     Falcon-7B: multi-query, attention and MLP side by side on one LayerNorm; Falcon-40B (the "new decoder
     architecture"): grouped KV heads, a LayerNorm each. Both: LayerNorm with bias, a plain GELU MLP."""
     cfg = dict(cfg)
@@ -343,6 +336,54 @@ def _falcon_as_common(cfg: dict, source: str) -> dict:
         raise ConfigError(f"{source}: activation={act!r} is not implemented")
     hidden = int(cfg["hidden_size"])
     cfg.update(num_key_value_heads=int(kv or heads) if new_arch else 1, rms_norm_eps=cfg.pop("layer_norm_epsilon", 1e-5),
-               intermediate_size=cfg.pop("ffn_hidden_size", None) or 4 * hidden,
-               _falcon_norms="pre" if lns == 2 else "shared")
-    return cfg
+               intermediate_size=cfg.pop("ffn_hidden_size", None) or 4 * hidden)
+    return cfg, {"norms": "pre" if lns == 2 else "shared"}
+
+
+def _experts(take, n_layers: int, source: str) -> dict:
+    """Qwen3-MoE: every layer routed (the published models); mixed stacks would need two scans."""
+    if take("decoder_sparse_step", None) not in (None, 1):
+        raise ConfigError(f"{source}: decoder_sparse_step={take('decoder_sparse_step', None)!r} is not implemented "
+                          "(only (None, 1))")
+    if take("mlp_only_layers", None):
+        raise ConfigError(f"{source}: mlp_only_layers={take('mlp_only_layers', None)!r} is not implemented")
+    return dict(num_experts=int(take("num_experts", None) or take("num_local_experts")),
+                experts_per_token=int(take("num_experts_per_tok")),
+                expert_mlp_size=int(take("moe_intermediate_size")), norm_topk=bool(take("norm_topk_prob", False)))
+
+
+def _nope_layers(take, n_layers: int, source: str) -> dict:
+    """SmolLM3: layers without RoPE, from no_rope_layers or every `no_rope_layer_interval`-th."""
+    interval = int(take("no_rope_layer_interval", 4))
+    flags = take("no_rope_layers", None) or [int((i + 1) % interval != 0) for i in range(n_layers)]
+    uses_rope = tuple(bool(f) for f in flags[:n_layers])
+    return {"layer_uses_rope": uses_rope if not all(uses_rope) else ()}
+
+
+def _ignored(*keys: str) -> Callable:
+    """Keys the family's config carries that change nothing here (Qwen2's attention_bias: it always has
+    q/k/v biases; Phi-3's original_max_position_embeddings: only long-context RoPE reads it, and that raises)."""
+    def read(take, n_layers: int, source: str) -> dict:
+        for key in keys:
+            take(key, None)
+        return {}
+    return read
+
+
+_GEMMA = {**GEMMA_TRAITS, "norms": "pre+post"}
+# HF model_type -> family: each family's differences, one row each
+HF_FAMILIES = {
+    "llama": HFFamily("llama"),
+    "mistral": HFFamily("mistral", window="all"),
+    "qwen2": HFFamily("qwen2", {"qkv_bias": True}, window="asked", own_keys=_ignored("attention_bias")),
+    "qwen3": HFFamily("qwen3", {"qk_norm": "head"}, window="asked"),
+    "qwen3_moe": HFFamily("qwen3_moe", {"qk_norm": "head"}, window="asked", own_keys=_experts),
+    "olmo2": HFFamily("olmo2", {"norms": "post", "qk_norm": "projection"}),
+    "gemma2": HFFamily("gemma2", _GEMMA, "gelu_pytorch_tanh", "alternating", global_every=2, softcaps=True),
+    "gemma3_text": HFFamily("gemma3", {**_GEMMA, "qk_norm": "head"}, "gelu_pytorch_tanh", "alternating",
+                            global_every=_GEMMA3_GLOBAL_EVERY),
+    "phi3": HFFamily("phi3", window="all", own_keys=_ignored("original_max_position_embeddings")),
+    "smollm3": HFFamily("smollm3", window="asked", own_keys=_nope_layers),
+    "falcon": HFFamily("falcon", dict(norm_type="layer", parallel_block=True, gated_mlp=False, activation="gelu"),
+                       common_spelling=_falcon_as_common),
+}
