@@ -113,7 +113,7 @@ def profile(model: str, dtype: str, n: int, batch_size: int, repeats: int, with_
     from dcsjax.engine.scorer import _batch_logprobs
 
     scorer = dcsjax.load(model, dtype=dtype)
-    scorer.batch_size = batch_size
+    scorer = scorer.replace(batch_size=batch_size)
     c = scorer.config
     ids = scorer.encode(statements(scorer.tokenizer, n, 8, 40))
     groups = [Group((scorer.document_start_id, *x)) for x in ids]

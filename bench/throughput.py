@@ -75,7 +75,7 @@ def slot_use(scorer, id_lists) -> float:
 def dcsjax_statements(scorer, texts, batch_size: int, pack: bool, repeats: int):
     from dcsjax.engine.scorer import Scorer
 
-    scorer.batch_size, scorer.pack = batch_size, pack
+    scorer = scorer.replace(batch_size=batch_size, pack=pack)
     before = Scorer.compile_count()
     scorer.token_logprobs(texts)  # warm-up: compiles each bucket once
     compiles = Scorer.compile_count() - before
@@ -133,8 +133,8 @@ def bench_model(name: str, quick: bool, peak: dict, workloads=("statements", "lo
                         f32 = lps
                     if dtype == "bfloat16":
                         extra["mean_abs_diff_from_f32"] = float(np.mean(np.abs(np.concatenate(lps) - np.concatenate(f32))))
-                        s.batch_size, s.pack = 1, False  # the same texts alone, as for the peer below
-                        ones = s.token_logprobs(data[:16])
+                        # the same texts alone, as for the peer below
+                        ones = s.replace(batch_size=1, pack=False).token_logprobs(data[:16])
                         extra["batch_size_shift"] = float(max(np.abs(a - b).max() for a, b in zip(lps[:16], ones)))
                     row(workload, "dcsjax", dtype, tokens, seconds, ctx, **extra)
             if dtype not in peers:
@@ -158,7 +158,7 @@ def bench_model(name: str, quick: bool, peak: dict, workloads=("statements", "lo
     flat_ctx = [c for c, opts in zip(contexts, options) for _ in opts]
     flat_opt = [o for opts in options for o in opts]
     scored = sum(len(scorer.split_encode(c, o)[1]) for c, o in zip(flat_ctx, flat_opt))
-    scorer.batch_size, scorer.pack = 16, True
+    scorer = scorer.replace(batch_size=16, pack=True)
     shared, _ = timed(lambda: scorer.option_logprobs(contexts, options), repeats)
     alone, _ = timed(lambda: scorer.score_continuations(flat_ctx, flat_opt), repeats)
     # option tokens only: the question is context, computed but not scored

@@ -70,8 +70,8 @@ def test_bfloat16_checkpoint_and_weights(tmp_path, texts):
     rng = np.random.default_rng(0)
     short = [" ".join(words[i:i + n]) for i, n in zip(rng.integers(0, 400, 48), rng.integers(6, 30, 48))]
     packed = bf16.token_logprobs(short)
-    bf16.batch_size, bf16.pack = 1, False
-    assert all((a == b).all() for a, b in zip(bf16.token_logprobs(short[:16]), packed))
+    alone = bf16.replace(batch_size=1, pack=False).token_logprobs(short[:16])
+    assert all((a == b).all() for a, b in zip(alone, packed))
 
 
 def test_broken_directories(tmp_path):

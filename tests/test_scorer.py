@@ -92,3 +92,18 @@ def test_shared_question_equals_each_pair_alone(model_name):
         ctx_ids, cont_ids = scorer.split_encode(contexts[0], option)
         ref, _ = reference_logprobs(model_name, [scorer.document_start_id, *ctx_ids, *cont_ids])
         assert abs(score - ref[len(ctx_ids):].mean()) < 1e-4
+
+
+def test_a_scorer_is_immutable_and_replace_shares_the_model(tiny):
+    """Settings are fixed at construction (a caller cannot change a scorer under another's feet); `replace`
+    gives one with other settings over the same model and parameters, checked as the constructor checks."""
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tiny.batch_size = 1
+    one = tiny.replace(batch_size=1, pack=False)
+    assert (one.batch_size, one.pack, tiny.batch_size) == (1, False, 16) and one.model is tiny.model
+    texts = ["The capital of France is Paris.", "Two plus two is four.", "Hello"]
+    assert [x.tolist() for x in one.token_logprobs(texts)] == [x.tolist() for x in tiny.token_logprobs(texts)]
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        tiny.replace(batch_size=0)

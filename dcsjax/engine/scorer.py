@@ -8,6 +8,7 @@ token the model card names (SmolLM2: `<|endoftext|>`). The first real token is t
 from __future__ import annotations
 
 import functools
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -44,8 +45,11 @@ def _batch_logprobs(graphdef, vocab_chunk: int, mesh, state, tokens, positions, 
 _batch_logprobs_greedy = jax.jit(_forward, static_argnums=(0, 1, 2))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Scorer:
+    """A loaded model and how it is run: encoding, the request builders (texts, continuations, options,
+    token ids) and the jitted engine underneath. Immutable: a scorer with other settings is
+    `scorer.replace(batch_size=...)`, which shares the model, its parameters and every compiled program."""
     model: Decoder
     tokenizer: object  # a transformers tokenizer
     document_start_id: int
@@ -68,13 +72,22 @@ class Scorer:
         return None if self.variant is None else self.variant == "instruct"
 
     def __post_init__(self) -> None:
+        set_ = object.__setattr__.__get__(self)  # frozen: derived once, here
         limit = self.model.config.max_context // BUCKET_MULTIPLE * BUCKET_MULTIPLE
         if self.buckets[-1] >= limit:  # the model's context is the last bucket
-            self.buckets = tuple(b for b in self.buckets if b < limit) + (limit,)
+            set_("buckets", tuple(b for b in self.buckets if b < limit) + (limit,))
         if any(b % BUCKET_MULTIPLE or b <= 0 for b in self.buckets) or list(self.buckets) != sorted(set(self.buckets)):
             raise ValueError(f"buckets must be increasing multiples of {BUCKET_MULTIPLE}, not {self.buckets}")
-        self.max_length = self.buckets[-1]  # tokens per sequence, document start included
-        self.graphdef, self.state = nnx.split(self.model)  # what the jitted kernels take
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1 row, not {self.batch_size}")
+        set_("max_length", self.buckets[-1])  # tokens per sequence, document start included
+        graphdef, state = nnx.split(self.model)  # what the jitted kernels take
+        set_("graphdef", graphdef)
+        set_("state", state)
+
+    def replace(self, **changes) -> "Scorer":
+        """This scorer with other settings (batch_size, pack, buckets, progress, ...), the same model."""
+        return dataclasses.replace(self, **changes)
 
     @property
     def row_multiple(self) -> int:

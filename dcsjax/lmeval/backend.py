@@ -69,8 +69,7 @@ class DcsjaxLM(TemplateLM):
             import dcsjax
 
             self.scorer = dcsjax.load(str(pretrained), dtype=dtype, mesh=mesh, document_start=document_start,
-                                      variant=variant, **options)
-            self.scorer.progress = False
+                                      variant=variant, **options).replace(progress=False)
         self.tokenizer = self.scorer.tokenizer
         self.pretrained = self.scorer.name
         limit = self.scorer.max_length - 1
