@@ -282,6 +282,99 @@ def collapse_alarm(metrics: dict[str, float]) -> str | None:
     return None
 
 
+@dataclass
+class TrainState:
+    """Where a run stands: the trainable parameters, the optimizer's state and the best parameters so far (by the
+    dev selection score), and the bookkeeping a resumed run continues from (`progress`: step, best score and
+    step, evaluations without improvement, the evaluation history, whether it stopped early, training seconds)."""
+    params: dict
+    opt_state: object
+    best: dict
+    progress: dict
+
+    @classmethod
+    def start(cls, params: dict, opt_state) -> "TrainState":
+        return cls(params, opt_state, params, {"step": 0, "best_score": -float("inf"), "best_step": 0, "stale": 0,
+                                               "history": [], "stopped": False, "seconds": 0.0})
+
+    @property
+    def step(self) -> int:
+        return self.progress["step"]
+
+
+class Checkpointer:
+    """The run's latest state on disk (orbax, one checkpoint kept), and the training time summed over every
+    session of the run (a resumed run reports the whole run's seconds)."""
+
+    def __init__(self, folder: Path):
+        import orbax.checkpoint as ocp
+
+        self.ocp = ocp
+        self.manager = ocp.CheckpointManager(folder.resolve(), options=ocp.CheckpointManagerOptions(max_to_keep=1))
+        self.start_clock()
+
+    def start_clock(self) -> None:
+        """Training time counts from here (set up, such as the starting model's logits, left out)."""
+        self.since = time.time()
+
+    def restore(self, like: TrainState) -> TrainState | None:
+        step = self.manager.latest_step()
+        if step is None:
+            return None
+        ocp = self.ocp
+        arrays = {"params": like.params, "opt_state": like.opt_state, "best": like.best}
+        restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(arrays),
+                                                                      meta=ocp.args.JsonRestore()))
+        progress = {"seconds": 0.0, **restored.meta}
+        return TrainState(restored.state["params"], restored.state["opt_state"], restored.state["best"], progress)
+
+    def save(self, state: TrainState) -> None:
+        ocp, now = self.ocp, time.time()
+        state.progress["seconds"] = state.progress.get("seconds", 0.0) + now - self.since
+        self.since = now
+        arrays = {"params": state.params, "opt_state": state.opt_state, "best": state.best}
+        self.manager.save(state.step, args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
+                                                              meta=ocp.args.JsonSave(state.progress)), force=True)
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def _check_run_folder(run_dir: Path, settings: dict) -> None:
+    """A run folder holds one run: resuming one made with other settings would mix two runs."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    saved = run_dir / "config.json"
+    if saved.is_file() and json.loads(saved.read_text()) != settings:
+        raise ConfigError(f"{run_dir} holds a run with other settings ({saved}): resuming it would mix two "
+                          "runs; choose another output folder or delete that one")
+    saved.write_text(json.dumps(settings, indent=2))
+
+
+def _dev_eval(c, cfg: TrainConfig, state: TrainState, base, embedding, dev_set: LetterFeatures, stats: dict,
+              run_dir: Path, log) -> dict[str, float]:
+    """Evaluate the current parameters on dev, record it in the history (and log.jsonl), keep them as the best
+    if the selection score improved -> the dev metrics."""
+    progress = state.progress
+    logits = predict_logits(c, adapted(cfg, state.params, base), embedding, dev_set)
+    metrics = evaluate(distributions(logits, dev_set))
+    score = selection_score(cfg, logits, dev_set)
+    entry = {"step": progress["step"], **{f"dev_{k}": v for k, v in metrics.items()}, "dev_score": score, **stats}
+    alarm = collapse_alarm(metrics)
+    if alarm:
+        entry["alarm"] = alarm
+        log(f"ALARM {run_dir.name} step {progress['step']}: {alarm}")
+    progress["history"].append(entry)
+    if score > progress["best_score"] + 1e-6:
+        progress.update(best_score=score, best_step=progress["step"], stale=0)
+        state.best = state.params
+    else:
+        progress["stale"] += 1
+    with (run_dir / "log.jsonl").open("w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in progress["history"])
+    return metrics
+
+
 def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainConfig, run_dir: Path,
           top_layers: int, *, progress: bool = True, log: Callable[[str], None] | None = None,
           until: int | None = None, mesh=None) -> dict:
@@ -289,17 +382,12 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
     parameters (by `selection_score` on dev; LoRA merged in) and the evaluation history. until: return after that step
     (checkpointed), as a killed run would stop; calling again resumes. mesh: a `dcsjax.nn.sharding` mesh (or
     "2x4"): the same step with the batch split over `data` and the weights over `model` by the rules table."""
-    import orbax.checkpoint as ocp
+    from tqdm.auto import tqdm
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     c = model.config
-    run_dir.mkdir(parents=True, exist_ok=True)
-    settings = asdict(cfg) | {"top_layers": top_layers, "train_items": len(train_set), "dev_items": len(dev_set)}
-    saved = run_dir / "config.json"
-    if saved.is_file() and json.loads(saved.read_text()) != settings:
-        raise ConfigError(f"{run_dir} holds a run with other settings ({saved}): resuming it would mix two "
-                          "runs; choose another output folder or delete that one")
-    saved.write_text(json.dumps(settings, indent=2))
+    _check_run_folder(run_dir, asdict(cfg) | {"top_layers": top_layers, "train_items": len(train_set),
+                                              "dev_items": len(dev_set)})
     embedding = model.output_embedding
     base = top_params(model, top_layers)
     params = init_trainable(cfg, base)
@@ -307,91 +395,56 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
     if mesh is not None:
         base, params, embedding = on_mesh(mesh, c, base, params, embedding)
     optimizer = optimizer_for(cfg)
-    opt_state = optimizer.init(params)
-    state = {"params": params, "opt_state": opt_state, "best": params}
-    meta = {"step": 0, "best_score": -float("inf"), "best_step": 0, "stale": 0, "history": [], "stopped": False}
-
-    manager = ocp.CheckpointManager(run_dir.resolve() / "checkpoints",
-                                    options=ocp.CheckpointManagerOptions(max_to_keep=1))
-    if manager.latest_step() is not None:
-        restored = manager.restore(manager.latest_step(), args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(state), meta=ocp.args.JsonRestore()))
-        state, meta = restored.state, restored.meta
-        log(f"{run_dir.name}: resumed at step {meta['step']}")
+    state = TrainState.start(params, optimizer.init(params))
+    checkpoints = Checkpointer(run_dir / "checkpoints")
+    resumed = checkpoints.restore(state)
+    if resumed is not None:
+        state = resumed
+        log(f"{run_dir.name}: resumed at step {state.step}")
 
     last_step = min(cfg.steps, until or cfg.steps)
     # the starting model's logits on every training item, for the KL term: a forward pass over the whole
     # training split (through every block with LoRA), so only when there are steps left to take
-    to_train = meta["step"] < last_step and not meta["stopped"]
+    to_train = state.step < last_step and not state.progress["stopped"]
     start_logits = (predict_logits(c, base, embedding, train_set) if cfg.gamma and to_train else
                     np.zeros(train_set.letters.shape, np.float32))
-    clock = [time.time()]
-
-    def checkpoint():
-        now = time.time()  # training time, summed over resumptions (a resumed run reports the whole run's)
-        meta["seconds"] = meta.get("seconds", 0.0) + now - clock[0]
-        clock[0] = now
-        manager.save(meta["step"], args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                             meta=ocp.args.JsonSave(meta)), force=True)
-        manager.wait_until_finished()
-
-    def dev_eval():
-        logits = predict_logits(c, adapted(cfg, state["params"], base), embedding, dev_set)
-        metrics = evaluate(distributions(logits, dev_set))
-        score = selection_score(cfg, logits, dev_set)
-        entry = {"step": meta["step"], **{f"dev_{k}": v for k, v in metrics.items()}, "dev_score": score,
-                 **last_stats}
-        alarm = collapse_alarm(metrics)
-        if alarm:
-            entry["alarm"] = alarm
-            log(f"ALARM {run_dir.name} step {meta['step']}: {alarm}")
-        meta["history"].append(entry)
-        if score > meta["best_score"] + 1e-6:
-            meta.update(best_score=score, best_step=meta["step"], stale=0)
-            state["best"] = state["params"]
-        else:
-            meta["stale"] += 1
-        with (run_dir / "log.jsonl").open("w") as f:
-            f.writelines(json.dumps(e) + "\n" for e in meta["history"])
-        return metrics
-
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=cfg.steps, initial=meta["step"], desc=run_dir.name, disable=not progress, file=sys.stderr)
-    last_stats: dict = {}
-    if not meta["history"]:
-        dev_eval()  # the starting point
-        checkpoint()
-    while meta["step"] < last_step and not meta["stopped"]:
-        idx = batch_indices(cfg.seed, meta["step"], cfg.accumulate, cfg.batch_size, len(train_set))
+    checkpoints.start_clock()
+    bar = tqdm(total=cfg.steps, initial=state.step, desc=run_dir.name, disable=not progress, file=sys.stderr)
+    stats: dict = {}
+    if not state.progress["history"]:
+        _dev_eval(c, cfg, state, base, embedding, dev_set, stats, run_dir, log)  # the starting point
+        checkpoints.save(state)
+    while state.step < last_step and not state.progress["stopped"]:
+        idx = batch_indices(cfg.seed, state.step, cfg.accumulate, cfg.batch_size, len(train_set))
         t = cut_length(train_set.length[idx], train_set.hidden.shape[1])
         batch = (train_set.hidden[idx, :t], *(np.asarray(x)[idx] for x in (
             train_set.length, train_set.letters, train_set.correct, train_set.idk, train_set.valid)))
         start = start_logits[idx]
         if mesh is not None:
             batch, start = jax.device_put((batch, start), batch_on_mesh(mesh, cfg.batch_size))
-        params, opt_state, stats = _train_step(c, cfg, optimizer, state["params"], state["opt_state"], base,
-                                               embedding, batch, start, jnp.asarray(meta["step"], jnp.float32))
-        state["params"], state["opt_state"] = params, opt_state
-        meta["step"] += 1
-        last_stats = {f"train_{k}": float(v) for k, v in stats.items()}
+        state.params, state.opt_state, step_stats = _train_step(
+            c, cfg, optimizer, state.params, state.opt_state, base, embedding, batch, start,
+            jnp.asarray(state.step, jnp.float32))
+        state.progress["step"] += 1
+        stats = {f"train_{k}": float(v) for k, v in step_stats.items()}
         bar.update(1)
-        if meta["step"] % cfg.eval_every == 0 or meta["step"] == cfg.steps:
-            metrics = dev_eval()
-            bar.set_postfix(loss=f"{last_stats['train_loss']:.3f}", dev_dcs=f"{metrics['dcs']:+.3f}",
+        if state.step % cfg.eval_every == 0 or state.step == cfg.steps:
+            metrics = _dev_eval(c, cfg, state, base, embedding, dev_set, stats, run_dir, log)
+            bar.set_postfix(loss=f"{stats['train_loss']:.3f}", dev_dcs=f"{metrics['dcs']:+.3f}",
                             cov=f"{metrics['coverage']:.2f}", abst=f"{metrics['abstain_unanswerable']:.2f}")
-            if meta["stale"] >= cfg.patience:
-                meta["stopped"] = True
-                log(f"{run_dir.name}: early stop at step {meta['step']} (best dev score {meta['best_score']:+.3f} "
-                    f"at step {meta['best_step']})")
-            checkpoint()
-        elif meta["step"] == until:
-            checkpoint()
+            if state.progress["stale"] >= cfg.patience:
+                state.progress["stopped"] = True
+                log(f"{run_dir.name}: early stop at step {state.step} (best dev score "
+                    f"{state.progress['best_score']:+.3f} at step {state.progress['best_step']})")
+            checkpoints.save(state)
+        elif state.step == until:
+            checkpoints.save(state)
     bar.close()
-    manager.close()
-    return {"best": adapted(cfg, state["best"], base), "last": adapted(cfg, state["params"], base),
-            "history": meta["history"], "best_step": meta["best_step"], "best_score": meta["best_score"],
-            "steps": meta["step"], "seconds": meta.get("seconds")}
+    checkpoints.close()
+    p = state.progress
+    return {"best": adapted(cfg, state.best, base), "last": adapted(cfg, state.params, base),
+            "history": p["history"], "best_step": p["best_step"], "best_score": p["best_score"],
+            "steps": p["step"], "seconds": p.get("seconds")}
 
 
 def on_mesh(mesh, c, base: dict, trainable: dict, embedding: jax.Array):
