@@ -401,3 +401,22 @@ def test_the_training_step_on_a_mesh_equals_one_device():
         for mesh in meshes:
             assert r[mesh]["param_diff"] < 1e-5 and r[mesh]["dev_score_diff"] < 1e-5 and r[mesh]["loss_diff"] < 1e-5, r
         assert r["2x4"]["up_sharding"] == "P(None, None, 'model')"  # the MLP width split four ways
+
+
+def test_the_experiment_grid_names_every_run_once():
+    """`run_grid`: CE once per seed (it has no threshold), each DCS arm at each threshold and seed, LoRA with its
+    own seeds, updates and thresholds; every run its own folder; the export candidate is each adapter's first seed."""
+    from pathlib import Path
+
+    from dcsjax.training.experiment import run_grid
+
+    grid = run_grid(TrainConfig(), ["top", "lora"], ["ce", "dcs+ce"], [0.25, 0.5], [0, 1], lora_seeds=[3],
+                    lora_steps=7, lora_thresholds=[0.5])
+    top = [(s.arm, s.t, s.seed) for s in grid if s.adapter == "top"]
+    assert top == [("ce", None, 0), ("ce", None, 1), ("dcs+ce", 0.25, 0), ("dcs+ce", 0.25, 1), ("dcs+ce", 0.5, 0),
+                   ("dcs+ce", 0.5, 1)]
+    lora = [s for s in grid if s.adapter == "lora"]
+    assert [(s.arm, s.t, s.seed, s.cfg.steps) for s in lora] == [("ce", None, 3, 7), ("dcs+ce", 0.5, 3, 7)]
+    assert [s.cfg.lw for s in grid if s.arm == "dcs+ce"] == pytest.approx([1 / 3, 1 / 3, 1.0, 1.0, 1.0])
+    assert len({s.folder(Path("out")) for s in grid}) == len(grid)
+    assert [(s.arm, s.seed) for s in grid if s.first_seed] == [("ce", 0), ("dcs+ce", 0), ("dcs+ce", 0), ("ce", 3), ("dcs+ce", 3)]

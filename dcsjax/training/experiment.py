@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -70,6 +70,40 @@ BASELINES = ("start+tau", "ce+tau")
 def run_dir(out: Path, adapter: str, arm: str, seed: int, t: float | None) -> Path:
     where = out / "runs" / adapter
     return (where if t is None else where / f"t{t:g}") / f"{arm}-seed{seed}"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of the experiment's grid: an adapter, an arm at a threshold (None for CE), a seed,
+    and the configuration it trains with."""
+    adapter: str
+    arm: str
+    t: float | None
+    seed: int
+    cfg: TrainConfig
+    first_seed: bool  # the adapter's first seed: the one whose model may be exported
+
+    def folder(self, out: Path) -> Path:
+        return run_dir(out, self.adapter, self.arm, self.seed, self.t)
+
+
+def run_grid(base: TrainConfig, adapters: Sequence[str], arms: Sequence[str], thresholds: Sequence[float],
+             seeds: Sequence[int], lora_seeds: Sequence[int] | None = None, lora_steps: int | None = None,
+             lora_thresholds: Sequence[float] | None = None) -> list[RunSpec]:
+    """Every run, in the order they train: per adapter, each arm at each threshold (CE once: it has none),
+    each seed; LoRA with its own (usually fewer) seeds, updates and thresholds."""
+    specs = []
+    for adapter in adapters:
+        adapter_seeds = list(lora_seeds if adapter == "lora" and lora_seeds is not None else seeds)
+        ts = [float(t) for t in lora_thresholds] if adapter == "lora" and lora_thresholds else list(thresholds)
+        for arm, t in [(arm, t) for arm in arms for t in ([None] if arm == "ce" else ts)]:
+            lc, lw = (base.lc, base.lw) if t is None else loadings(t)
+            for seed in adapter_seeds:
+                cfg = replace(base, arm=arm, seed=seed, lc=lc, lw=lw, adapter=adapter)
+                if adapter == "lora" and lora_steps:
+                    cfg = replace(cfg, steps=lora_steps, eval_every=min(cfg.eval_every, lora_steps))
+                specs.append(RunSpec(adapter, arm, t, seed, cfg, seed == adapter_seeds[0]))
+    return specs
 
 
 def cached_logits(path: Path, key: dict, compute) -> np.ndarray:
@@ -147,35 +181,24 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     histories: dict[str, list[list[dict]]] = {}
     per_run: list[dict] = []
     exported = None
-    for adapter in adapters:
-        k = depth[adapter]
-        f = features[k]
-        adapter_seeds = list(lora_seeds if adapter == "lora" and lora_seeds is not None else seeds)
-        ts = [float(t) for t in lora_thresholds] if adapter == "lora" and lora_thresholds else thresholds
-        jobs = [(arm, t) for arm in arms for t in ([None] if arm == "ce" else ts)]
-        for arm, t in jobs:
-            lc, lw = (base.lc, base.lw) if t is None else loadings(t)
-            for seed in adapter_seeds:
-                cfg = replace(base, arm=arm, seed=seed, lc=lc, lw=lw, adapter=adapter)
-                if adapter == "lora" and lora_steps:
-                    cfg = replace(cfg, steps=lora_steps, eval_every=min(cfg.eval_every, lora_steps))
-                folder = run_dir(out, adapter, arm, seed, t)
-                result = train(scorer.model, f["train"], f["dev"], cfg, folder, k, progress=progress, log=_log,
-                               mesh=mesh)
-                # a run folder's settings are fixed (its config.json): the same best step is the same model
-                run_key = {"steps": result["steps"], "best_step": result["best_step"], "best_score": result["best_score"]}
-                dists = {split: distributions(cached_logits(folder / f"{split}_logits", run_key | {"items": len(f[split])},
-                                                            lambda: predict_logits(c, result["best"], embedding, f[split])),
-                                              f[split]) for split in ("dev", "test")}
-                models.setdefault((adapter, arm, t), []).append(dists)
-                histories.setdefault(f"{adapter} {arm}" + ("" if t is None else f" t={t:g}"), []).append(result["history"])
-                per_run.append({"adapter": adapter, "arm": arm, "t": t, "seed": seed, "best_step": result["best_step"],
-                                "steps": result["steps"], "best_dev_score": result["best_score"],
-                                # training time over all resumptions (None: a run finished before times were kept)
-                                "seconds": None if result["seconds"] is None else round(result["seconds"], 1)})
-                if (exported is None and arm != "ce" and t == export_threshold and seed == adapter_seeds[0]
-                        and adapter == (export_adapter or adapters[0])):
-                    exported = (adapter, arm, t, seed, result["best"], k)
+    for spec in run_grid(base, adapters, arms, thresholds, seeds, lora_seeds, lora_steps, lora_thresholds):
+        adapter, arm, t, seed, k = spec.adapter, spec.arm, spec.t, spec.seed, depth[spec.adapter]
+        f, folder = features[k], spec.folder(out)
+        result = train(scorer.model, f["train"], f["dev"], spec.cfg, folder, k, progress=progress, log=_log, mesh=mesh)
+        # a run folder's settings are fixed (its config.json): the same best step is the same model
+        run_key = {"steps": result["steps"], "best_step": result["best_step"], "best_score": result["best_score"]}
+        dists = {split: distributions(cached_logits(folder / f"{split}_logits", run_key | {"items": len(f[split])},
+                                                    lambda: predict_logits(c, result["best"], embedding, f[split])),
+                                      f[split]) for split in ("dev", "test")}
+        models.setdefault((adapter, arm, t), []).append(dists)
+        histories.setdefault(f"{adapter} {arm}" + ("" if t is None else f" t={t:g}"), []).append(result["history"])
+        per_run.append({"adapter": adapter, "arm": arm, "t": t, "seed": seed, "best_step": result["best_step"],
+                        "steps": result["steps"], "best_dev_score": result["best_score"],
+                        # training time over all resumptions (None: a run finished before times were kept)
+                        "seconds": None if result["seconds"] is None else round(result["seconds"], 1)})
+        if (exported is None and arm != "ce" and t == export_threshold and spec.first_seed
+                and adapter == (export_adapter or adapters[0])):
+            exported = (adapter, arm, t, seed, result["best"], k)
 
     results = {"model": scorer.name, "tasks": list(tasks), "per_task": per_task, "top_layers": top_layers,
                "lora_layers": depth["lora"] if "lora" in adapters else None, "adapters": list(adapters),
