@@ -22,6 +22,20 @@ import numpy as np
 from dcsjax.metrics.dcs import dcs, option_masses
 
 
+def option_masks(widths: Sequence[int], correct: Sequence[Sequence[int]], idk: Sequence[int | None],
+                 width: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Ragged items (item i: widths[i] entries, the correct ones and the IDK one by index; None: no IDK entry)
+    as padded [N, K] bool masks (correct, idk, valid), K = width or the widest item."""
+    n, k = len(widths), width if width is not None else max(widths, default=0)
+    correct_mask, idk_mask, valid = (np.zeros((n, k), bool) for _ in range(3))
+    for i, (w, right, abstain) in enumerate(zip(widths, correct, idk)):
+        valid[i, :w] = True
+        correct_mask[i, list(right)] = True
+        if abstain is not None:
+            idk_mask[i, abstain] = True
+    return correct_mask, idk_mask, valid
+
+
 class Distributions(NamedTuple):
     """probs [N, K] (each row sums to 1 over its valid entries), correct/idk/valid [N, K] bool.
     On an unanswerable item the only correct entry is the IDK option."""
@@ -33,15 +47,11 @@ class Distributions(NamedTuple):
     @classmethod
     def from_records(cls, records: Sequence[dict]) -> "Distributions":
         """From `dcs` / `dcs-letters` records (probs, correct_options, idk_index)."""
-        width = max(len(r["probs"]) for r in records)
-        n = len(records)
-        probs = np.zeros((n, width), np.float32)
-        correct, idk, valid = (np.zeros((n, width), bool) for _ in range(3))
+        correct, idk, valid = option_masks([len(r["probs"]) for r in records], [r["correct_options"] for r in records],
+                                           [r["idk_index"] for r in records])
+        probs = np.zeros(valid.shape, np.float32)
         for i, r in enumerate(records):
             probs[i, :len(r["probs"])] = r["probs"]
-            valid[i, :len(r["probs"])] = True
-            correct[i, r["correct_options"]] = True
-            idk[i, r["idk_index"]] = True
         return cls(jnp.asarray(probs), jnp.asarray(correct), jnp.asarray(idk), jnp.asarray(valid))
 
     def take(self, index: jax.Array) -> "Distributions":

@@ -22,6 +22,7 @@ from flax import nnx
 from dcsjax.data.items import Item
 from dcsjax.errors import InputError
 from dcsjax.engine.packing import round_up
+from dcsjax.metrics.calibration import option_masks
 from dcsjax.nn.decoder import right_padded
 from dcsjax.eval.protocols.dcs import letters_context
 
@@ -77,13 +78,11 @@ def letter_features(scorer, items: Sequence[Item], top_layers: int, *, lc: float
     tokens = np.zeros((n, t), np.int32)
     length = np.array([len(ids) for ids, _, _ in prompts], np.int32)
     letters = np.zeros((n, k_max), np.int32)
-    correct, idk, valid = (np.zeros((n, k_max), bool) for _ in range(3))
-    for i, (item, (ids, letter_ids, idk_index)) in enumerate(zip(items, prompts)):
+    correct, idk, valid = option_masks([len(x) for _, x, _ in prompts], [item.correct for item in items],
+                                       [idk_index for _, _, idk_index in prompts], k_max)
+    for i, (ids, letter_ids, _) in enumerate(prompts):
         tokens[i, :len(ids)] = ids
         letters[i, :len(letter_ids)] = letter_ids
-        valid[i, :len(letter_ids)] = True
-        correct[i, list(item.correct)] = True
-        idk[i, idk_index] = True
     graphdef, state = nnx.split(scorer.model)
     hidden = np.zeros((n, t, c.hidden_size), np.float32)
     for start in range(0, n, batch_size):
