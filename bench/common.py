@@ -104,6 +104,45 @@ def cpu_name() -> str:
 
 
 # ------------------------------------------------------------------------------------------- the peer
+def reference_dir(name: str) -> Path:
+    """transformers' own float32 model of a card's GGUF file, written once as a safetensors directory in the
+    cache and read from there after: transformers dequantises a GGUF file in Python (about 13 s for SmolLM2 and
+    50 s for Gemma 3 on 2 cores, against 0.5 s for the directory), and every bench run, test worker and reload
+    needs it. The tensors are the ones transformers' GGUF loader made, untouched (`tests/test_parity.py`
+    checks them against a fresh load); the folder is named by the GGUF file's size and modification time and
+    transformers' version, so another file or version writes its own."""
+    import shutil
+
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from dcsjax.checkpoints.fetch import fetch_model
+
+    path = fetch_model(name)
+    stat = path.stat()
+    folder = (Path(os.environ["DCSJAX_CACHE"]) / "reference"
+              / f"{name}-{stat.st_size}-{int(stat.st_mtime)}-transformers-{transformers.__version__}")
+    if (folder / "model.safetensors").is_file():
+        return folder
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)  # transformers will not `save_pretrained` a GGUF-loaded model
+    (tmp / "config.json").write_text(json.dumps(config))
+    model.generation_config.save_pretrained(tmp)
+    # tied matrices are separate copies on disk (safetensors refuses shared storage); tied again on load
+    save_file({k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    try:
+        tmp.rename(folder)  # whole or absent: a second process that wrote it first wins
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
 class Peer:
     """The peer: transformers + torch on the same GGUF file, as lm-eval's HF backend scores (right-padded
     batches, full logits, log_softmax, gather)."""
@@ -112,13 +151,10 @@ class Peer:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from dcsjax.checkpoints.fetch import fetch_model
-
         torch.set_num_threads(os.cpu_count() or 1)
-        path = fetch_model(name)
         self.torch = torch
         torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(reference_dir(name), dtype=torch_dtype).eval()
 
     def token_logprobs(self, ids: list[list[int]], batch_size: int, sort: bool = True) -> list:
         """Per id list, the float32 log-probs of its tokens after the first."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from common import ROOT, write_record  # bench/common.py
+from common import ROOT, reference_dir, write_record  # bench/common.py
 
 TASKS = ("general_knowledge", "misconceptions", "hindu_knowledge", "known_unknowns")
 WORKLOADS = ("apx", "long", "statements")
@@ -78,7 +78,6 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     import dcsjax
-    from dcsjax.checkpoints.fetch import fetch_model
     from dcsjax.engine.generate import _extra_stops, generate
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -94,8 +93,7 @@ def main() -> None:
     if unknown := set(workloads) - set(WORKLOADS):
         parser.error(f"unknown workloads {sorted(unknown)}; choose from {', '.join(WORKLOADS)}")
     scorer = dcsjax.load(args.model)
-    path = fetch_model(args.model)
-    peer = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    peer = AutoModelForCausalLM.from_pretrained(reference_dir(args.model), dtype=torch.float32).eval()
     stops = {scorer.tokenizer.eos_token_id, *_extra_stops(scorer.tokenizer)}
     pad = scorer.tokenizer.pad_token_id if scorer.tokenizer.pad_token_id is not None else 0
     rows = []

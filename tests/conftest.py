@@ -7,6 +7,7 @@ root unless DCSJAX_CACHE says otherwise), so a second run is offline.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +19,11 @@ os.environ.setdefault("HF_HOME", str(CACHE / "huggingface"))  # datasets' cache 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the reference loads local GGUF files only
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-# JAX's persistent compilation cache, in the cache folder: the test workers, the bench scripts and CLI runs the
-# tests start as subprocesses compile the same programs (the real models' scoring steps at the same shapes),
-# and a second run of the suite compiles almost nothing. Set before jax is imported, here and in every
-# subprocess (they inherit the environment). A compiled program is the same program: scores do not change.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(CACHE / "jax-compilation"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+# No persistent compilation cache (JAX_COMPILATION_CACHE_DIR): on the CPU backend writing the real models'
+# executables made the suite's compiling tests three times slower (a 950 MB cache from two tests).
+
+sys.path.insert(0, str(ROOT / "bench"))
+from common import reference_dir  # noqa: E402  (bench/common.py: the peer's weights, kept as a folder)
 
 SMOL = "smollm2-135m-instruct"
 MODELS = [SMOL, "gemma3-270m"]
@@ -96,45 +96,6 @@ def reference_for(name: str):
         model = AutoModelForCausalLM.from_pretrained(reference_dir(name), dtype=torch.float32)
         _references[name] = model.eval()
     return _references[name]
-
-
-def reference_dir(name: str) -> Path:
-    """transformers' own float32 model of the model's GGUF file, written once as a safetensors directory in
-    the cache and read from there after: transformers dequantises a GGUF file in Python (about 50 s for
-    Gemma 3 on 2 cores, against 0.4 s for the directory), and every test worker and reload needs
-    it. The tensors are the ones transformers' GGUF loader made, untouched; the folder is named by the GGUF
-    file's size and modification time and transformers' version, so another file or version writes its own."""
-    import json
-    import shutil
-
-    import torch
-    import transformers
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
-
-    from dcsjax.checkpoints.fetch import fetch_model
-
-    path = fetch_model(name)
-    stat = path.stat()
-    folder = (Path(os.environ["DCSJAX_CACHE"]) / "reference"
-              / f"{name}-{stat.st_size}-{int(stat.st_mtime)}-transformers-{transformers.__version__}")
-    if (folder / "model.safetensors").is_file():
-        return folder
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)  # transformers will not `save_pretrained` a GGUF-loaded model
-    (tmp / "config.json").write_text(json.dumps(config))
-    model.generation_config.save_pretrained(tmp)
-    # tied matrices are separate copies on disk (safetensors refuses shared storage); tied again on load
-    save_file({k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
-    try:
-        tmp.rename(folder)  # whole or absent: a second worker that wrote it first wins
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
 
 
 def reference_tokenizer(name: str):

@@ -98,18 +98,16 @@ def test_passages_script_quick(tmp_path):
 
 
 def test_profile_script_quick(tmp_path):
-    # two XLA_FLAGS settings, each in its own process: XLA's default and its oneDNN dot path
-    onednn = "--xla_cpu_experimental_onednn_fusion_type=dot"
+    # through --xla-flags (each setting in a process of its own), with XLA's default setting only: a second
+    # setting costs a whole second profile, and what another flag does to the kernels is a bench finding
     result = run(["bench/profile_statements.py", "--dtypes", "float32", "--statements", "64", "--repeats", "1",
-                  "--xla-flags", ";" + onednn], tmp_path)
-    row, other = result["rows"]
+                  "--xla-flags", ""], tmp_path)
+    (row,) = result["rows"]
     assert row["batch"][1] % 64 == 0 and 0 < row["scored_tokens"] <= row["batch"][0] * row["batch"][1]
     assert all(row[k] > 0 for k in ("whole_s", "decoder_s", "head_and_logsoftmax_s", "block_matmuls_xla_s",
                                      "block_matmuls_torch_s", "head_matmul_xla_s", "head_matmul_torch_s"))
     assert row["head_gflop"] == pytest.approx(2 * 64 * row["batch"][0] * 576 * 49152 / 1e9)  # SmolLM2: D 576, V 49152
-    assert (row["xla_flags"], other["xla_flags"]) == ("", onednn) and row["bit_identical_to_first"]
-    assert other["whole_s"] > 0 and other["torch_block_gflops"] is None  # torch is measured once, in the first
-    assert other["max_abs_diff_vs_first"] < F32_NATS  # a flag that may swap the kernel: the same scores up to rounding (on the Xeon of 2026-12-02 it swapped none)
+    assert row["xla_flags"] == "" and row["bit_identical_to_first"] and names_its_code(result)
 
 
 def test_lora_step_profile_script_small(tmp_path):
