@@ -52,6 +52,7 @@ def test_elementwise_dcs_and_loadings():
         loadings_from_threshold(1.0)
 
 
+@pytest.mark.slow
 def test_letters_prompt_uses_the_chat_template_of_instruct_models():
     from conftest import scorer_for
     from dcsjax.data.items import Item

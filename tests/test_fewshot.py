@@ -92,6 +92,7 @@ def test_fewshot_is_refused_for_protocols_that_do_not_take_it(tmp_path):
                  scorer=scorer_for("smollm2-135m-instruct"), progress=False)
 
 
+@pytest.mark.slow
 def test_a_run_exported_to_lm_eval_passes_its_schema_and_table(fewshot_run, tmp_path):
     """`dcsjax export-lm-eval`: lm-eval's own schema (`EvalResults`, checked by pydantic) and its own table
     writer read the file; accuracies under lm-eval's names, the headline's standard error as lm-eval's."""

@@ -73,6 +73,7 @@ def test_vocabulary_split_is_never_gathered(mesh_results, model):
         assert r["2x4"]["control_gathered"], "the control should gather the vocabulary"
 
 
+@pytest.mark.slow
 def test_eval_on_a_mesh_matches_one_device(mesh_results):
     """Every protocol through `dcsjax eval --mesh 2x4`, APX's KV-cache decode loop included."""
     r = mesh_results["smollm2-135m-instruct"]["eval"]
