@@ -123,3 +123,18 @@ def test_attention_profile_script_small(tmp_path):
     assert row["max_gap_blockwise_sdpa"] < 1e-5  # the peer's kernel computes the same attention
     assert row["live_tiles_per_layer"] == 3 and all(v > 0 for v in row["tile"].values())
     assert 0 < row["attention_blockwise_s"] and 0 < row["attention_share_of_forward"] < 1
+
+
+def test_suite_times_sums_each_file_from_a_durations_log(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "bench"))
+    from suite_times import main
+
+    log = tmp_path / "ci.log"
+    log.write_text("== slowest durations ==\n12.50s call     tests/test_a.py::test_x[1]\n2.50s setup    tests/test_a.py::test_x[1]\n"
+                   "3.00s call     tests/test_b.py::test_y\n1.00s teardown tests/test_a.py::test_z\n"
+                   "==== 3 passed in 9.10s ====\n")
+    main(str(log))
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in out.splitlines() if line.startswith("| tests")}
+    assert (rows["tests/test_a.py"], rows["tests/test_b.py"], rows["tests/test_a.py::test_x[1]"]) == ("16.0", "3.0", "15.0")
+    assert "sum of the tests' times: 19 s" in out and out.strip().endswith("3 passed in 9.10s")
