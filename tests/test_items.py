@@ -97,3 +97,34 @@ def test_local_jsonl_file_reports_every_bad_line(tmp_path):
     assert [i.id for i in items] == ["ok", "bench/9"] and items[0].correct == (1,) and items[1].correct == (0, 2)
     assert [(e.where.rsplit(":", 1)[1], e.reason.split(" ")[0]) for e in errors] == [
         ("2", "missing"), ("3", "correct"), ("4", "fewer"), ("5", "duplicate"), ("6", "empty"), ("7", "broken")]
+
+
+def test_jsonl_rows_are_checked_by_field_and_repeated_ids_refused_naming_both_lines(tmp_path):
+    """Each bad row is an error naming file, line and field, and the others load; answers and IDK by index,
+    letter or an option's own text; a byte-order mark is not part of the first row."""
+    from dcsjax.data.jsonl import jsonl_items
+
+    rows = [
+        {"id": "a", "question": "Sky?", "choices": ["blue", "green", "Unknown"], "answer": "blue", "idk": "Unknown"},
+        {"id": "b", "question": "Grass?", "choices": ["blue", "green"], "answer": "B"},
+        {"id": "a", "question": "Again?", "choices": ["yes", "no"], "answer": 0},
+        {"id": "c", "question": "Yes?", "choices": "yes", "answer": 0},
+        {"id": "d", "question": 42, "choices": ["x", "y"], "answer": 0},
+        {"id": "e", "question": "Which?", "choices": ["x", "y"], "answer": "z"},
+        {"id": "f", "question": "Which?", "choices": ["x", "y"], "answer": 1, "idk": "C"},
+        {"id": "g", "question": "Letters?", "choices": ["B", "A"], "answer": "A"},
+    ]
+    path = tmp_path / "own.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode())
+    items, errors = jsonl_items(path)
+    by_id = {i.id: i for i in items}
+    assert sorted(by_id) == ["a", "b", "g"]
+    assert (by_id["a"].correct, by_id["a"].idk, by_id["b"].correct) == ((0,), 2, (1,))
+    assert by_id["g"].correct == (1,)  # an option's own text wins over a letter
+    assert [(e.where, e.reason) for e in errors] == [
+        (f"{path}:3", "id 'a' is on line 1 already: ids must be unique"),
+        (f"{path}:4", "choices: expected a list of strings, got str 'yes'"),
+        (f"{path}:5", "question: expected a string, got int 42"),
+        (f"{path}:6", "answer: 'z' is not an option's index, text or letter"),
+        (f"{path}:7", "idk: 'C' is not an option's index, text or letter"),
+    ]
