@@ -142,3 +142,23 @@ def test_analysis_and_results_do_not_import_the_model_stack():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "JAX_PLATFORMS": "cpu"}).stdout
     assert out.strip() == "[]"
+
+
+def test_set_aside_files_are_never_overwritten_and_results_follow_the_umask(tmp_path):
+    import os
+
+    from dcsjax.eval.results import stale_path, write_json_atomic
+
+    path = tmp_path / "dcs.jsonl"
+    for n, name in enumerate(["dcs.jsonl.stale", "dcs.jsonl.stale.2", "dcs.jsonl.stale.3"]):
+        path.write_text(f"run {n}\n")
+        aside = stale_path(path)
+        assert aside.name == name
+        os.replace(path, aside)
+    assert [(tmp_path / n).read_text() for n in ("dcs.jsonl.stale", "dcs.jsonl.stale.2")] == ["run 0\n", "run 1\n"]
+    old = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "summary.json", {"rows": []})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o644

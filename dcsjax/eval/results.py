@@ -10,7 +10,8 @@ Every record carries the fingerprint of what made it: the model (file checksum, 
 start), the task (its card and a digest of its items), the protocol and its settings (loadings, prompt,
 chat template or not, option order) and the code (version and a digest of dcsjax's sources). A resumed
 run reuses only records whose fingerprint equals its own; any other record makes it stop with a message
-that names what differs (or, asked to replace them, move the old file aside to `<protocol>.jsonl.stale`).
+that names what differs (or, asked to replace them, move the old file aside to `<protocol>.jsonl.stale`, then
+`.stale.2`, ...: never overwritten).
 
 Readers never write: a broken line is skipped with a warning naming file and line, and a second record
 of an item is ignored (the first is kept), both counted. Only the writer, holding the lock, repairs the
@@ -216,6 +217,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; a results file is as readable as any other
         with os.fdopen(fd, "w") as f:
             json.dump(json_safe(obj), f, indent=1, allow_nan=False)
             f.write("\n")
@@ -225,6 +227,22 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def stale_path(path: Path) -> Path:
+    """Where records of other settings go aside: `<file>.stale`, or `<file>.stale.2`, `.3`, ... when earlier
+    ones are there (a set aside file is never overwritten)."""
+    candidate, n = path.with_name(path.name + ".stale"), 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.stale.{n}")
+    return candidate
 
 
 def append_jsonl(path: Path, records: list[dict]) -> None:
@@ -327,8 +345,9 @@ class ResultsWriter:
                 raise ResultsError(
                     f"{path} holds {len(stale)} record(s) made with other settings ({why}). Use another --output, "
                     "or --replace-stale to move them aside to " + path.name + ".stale and score anew")
-            os.replace(path, path.with_name(path.name + ".stale"))
-            warnings.warn(f"{path}: {len(stale)} record(s) of other settings moved to {path.name}.stale ({why})",
+            aside = stale_path(path)
+            os.replace(path, aside)
+            warnings.warn(f"{path}: {len(stale)} record(s) of other settings moved to {aside.name} ({why})",
                           stacklevel=2)
             return []
         return records
