@@ -107,14 +107,22 @@ def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of items, at least 1, not {text!r}")
-    return value
+def _whole(least: int, what: str):
+    """An argparse type: a whole number of `what`, at least `least`, else a one-line error naming the value."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be a whole number of {what}, at least {least}, not {text!r}")
+        return value
+    return parse
+
+
+_positive_int = _whole(1, "items")
+_rows = _whole(1, "rows")
+_seed = _whole(0, "seed values (numpy's generators take no negative seed)")
 
 
 def _threshold(text: str) -> float:
@@ -225,8 +233,8 @@ def _statements_parser(sub) -> None:
     g.add_argument("--temperature", type=float, default=TEMPERATURE)
     g.add_argument("--top-p", type=float, default=TOP_P)
     g.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--batch-size", type=int, default=8)
+    g.add_argument("--seed", type=_seed, default=0)
+    g.add_argument("--batch-size", type=_rows, default=8)
     v = actions.add_parser("validate", help="BLEU, length gap and spread against question-answer pairs (002 A.2)")
     v.add_argument("file")
     v.add_argument("--out", default=None, help="folder for validation.jsonl, histograms.png, summary.md")
@@ -260,7 +268,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--export-threshold", type=float, default=0.5, help="the DCS model at this t (seed 0) is saved "
                                                                        "to OUT/model")
     p.add_argument("--mesh", default=None, help="data x model devices for the training step, e.g. 2x4")
-    p.add_argument("--n-boot", type=int, default=1000)
+    p.add_argument("--n-boot", type=_whole(1, "resamples"), default=1000)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     for name in ("steps", "batch_size", "accumulate", "eval_every", "patience", "ce_warmup", "warmup_steps",
                  "lora_rank"):
@@ -316,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("score", help="token log-probs and perplexity of texts (arguments or stdin lines)")
     p.add_argument("--model", default=DEMO_MODEL, help=MODEL_HELP)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=_rows, default=16)
     p.add_argument("--document-start", default=None, help=DOCUMENT_START_HELP)
     p.add_argument("texts", nargs="*")
     p.set_defaults(func=cmd_score)
@@ -331,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--option-order", default=DEFAULT_ORDER, choices=ORDERS,
                        help="how options are presented: as the source lists them, shuffled per item (seeded by "
                             "--seed and the item id), or every cyclic rotation averaged (letter protocols)")
-        p.add_argument("--seed", type=int, default=0, help="the run seed of the option shuffle")
+        p.add_argument("--seed", type=_seed, default=0, help="the run seed of the option shuffle")
         p.add_argument("--idk-phrasings", default=None,
                        help="'|'-separated wordings of I don't know for sequence DCS (default: "
                             f"{' | '.join(IDK_PHRASINGS)}); the first is the IDK option of the letter prompt")
@@ -342,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="the first N items of each task")
         p.add_argument("--threshold", type=_threshold, default=None, help="DCS loadings lc = 1, lw = t / (1 - t)")
         p.add_argument("--output", default="results")
-        p.add_argument("--num-fewshot", type=int, default=0, metavar="K",
+        p.add_argument("--num-fewshot", type=_whole(0, "exemplars"), default=0, metavar="K",
                        help="K solved exemplars before each question (mcqa and apx only: pass --protocols mcqa,apx), "
                             "drawn per item from the task's other items, seeded by --seed; each record names them")
         p.add_argument("--log-samples", action="store_true",
@@ -355,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                             "run" + (" (always on for demo)" if name == "demo" else ""))
         p.add_argument("--statements", default=None,
                        help="APS statements from `dcsjax statements generate`; only the items it holds are scored")
-        p.add_argument("--batch-size", type=int, default=16)
+        p.add_argument("--batch-size", type=_rows, default=16)
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                        help="parameter dtype; log-probs are float32 either way")
         p.add_argument("--mesh", default=None, help="DATAxMODEL devices, e.g. 2x4 (default: one device)")
@@ -372,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("results", nargs="+", metavar="RESULTS_DIR")
     p.add_argument("--out", required=True, help="folder for the PNG figures, metrics.json and summary.md")
     p.add_argument("--sizes", default=None, help="TOML of [model] parameters, variant for models without a card")
-    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples per interval")
+    p.add_argument("--n-boot", type=_whole(1, "resamples"), default=1000, help="bootstrap resamples per interval")
     p.set_defaults(func=cmd_report)
     _train_parser(sub)
     _statements_parser(sub)

@@ -143,6 +143,13 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     out = ["--output", str(tmp_path / "out")]
     assert "--limit: must be a whole number of items, at least 1, not '0'" in cli_error(capsys, "eval", "--limit", "0", *out)
     assert "not '-3'" in cli_error(capsys, "eval", "--limit", "-3", *out)
+    assert "--seed: must be a whole number of seed values (numpy's generators take no negative seed), at least 0, " \
+        "not '-1'" in cli_error(capsys, "eval", "--seed", "-1", *out)
+    for rows in ("0", "-4", "two"):
+        assert f"--batch-size: must be a whole number of rows, at least 1, not '{rows}'" in \
+            cli_error(capsys, "eval", "--batch-size", rows, *out)
+    assert "dcsjax: error: no task given: name one or more, comma-separated (--tasks)" in \
+        cli_error(capsys, "eval", "--tasks", ",", *out)
     assert "strictly between 0 and 1, not '1.5'" in cli_error(capsys, "eval", "--threshold", "1.5", *out)
     assert "dcsjax: error: unknown protocol 'nope'; known: aps, qa-ppl, mcqa" in \
         cli_error(capsys, "eval", "--protocols", "dcs,nope", *out)

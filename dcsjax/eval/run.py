@@ -205,6 +205,8 @@ def evaluate(config: EvalConfig, scorer=None) -> dict:
     from dcsjax.eval.protocols import fewshot
 
     config.loadings  # noqa: B018  (argument errors first)
+    if not config.tasks:
+        raise ConfigError("no task given: name one or more, comma-separated (--tasks)")
     fewshot.check(config.protocols, config.num_fewshot)
     cards = [resolve_task(task) for task in config.tasks]
     plan, skipped = _plan(config, cards)
