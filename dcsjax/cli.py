@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -392,11 +393,36 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("lm-eval", help="lm-evaluation-harness's command line with `--model dcsjax` registered "
                    "(every argument is lm-eval's; needs the lm-eval extra)", add_help=False)
     args = parser.parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminated) if _main_thread() else None
     try:
         return args.func(args)
     except DcsjaxError as err:
         print(f"dcsjax: error: {err}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Terminated) as stop:
+        # every record is appended as whole lines and a cut last line is repaired on resume, so what was
+        # written stays; the same command picks up where this one stopped
+        name, code = ("SIGTERM", 143) if isinstance(stop, Terminated) else ("SIGINT", 130)
+        print(f"dcsjax: stopped by {name}; what was written is kept: run the same command again to resume",
+              file=sys.stderr)
+        return code
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the process is (as Ctrl-C raises KeyboardInterrupt), so it stops as Ctrl-C does."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

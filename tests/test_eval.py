@@ -86,3 +86,25 @@ def test_resume_after_sigkill_gives_identical_files(tmp_path, whole_run, protoco
                  scorer=scorer_for("smollm2-135m-instruct"), progress=False, chunk=4, max_chunk=4)
     assert files(broken) == files(whole_run)
     assert all(len(read_records(broken / "smollm2-135m-instruct" / TASK / f"{p}.jsonl")) == LIMIT for p in PROTOCOLS)
+
+
+def test_sigterm_stops_with_one_line_and_exit_143_then_resumes_to_identical_files(tmp_path, whole_run):
+    """`dcsjax eval` sent SIGTERM (as a scheduler stops a job) says how to resume in one line, exits 143, and
+    the same command picks up where it stopped: the records equal an unbroken run's."""
+    broken = tmp_path / "broken"
+    cli = [sys.executable, "-m", "dcsjax", "eval", "--model", "smollm2-135m-instruct", "--tasks", TASK, "--protocols",
+           ",".join(PROTOCOLS), "--limit", str(LIMIT), "--output", str(broken)]
+    proc = subprocess.Popen(cli, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = broken / "smollm2-135m-instruct" / "known_unknowns" / f"{PROTOCOLS[0]}.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and not (first.exists() and first.read_bytes()) and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last == "dcsjax: stopped by SIGTERM; what was written is kept: run the same command again to resume"
+    assert "Traceback" not in err
+    run_eval("smollm2-135m-instruct", [TASK], PROTOCOLS, broken, limit=LIMIT,
+             scorer=scorer_for("smollm2-135m-instruct"), progress=False)
+    assert files(broken) == files(whole_run)
