@@ -65,10 +65,11 @@ def test_report_fits_scaling_curves_across_many_models(tmp_path):
         for protocol, accuracy in (("aps", 0.55 + 0.03 * (log_size - 9.5)), ("apx", 0.5 + 0.2 * (log_size - 9.5))):
             folder = results / name / "task"
             folder.mkdir(parents=True, exist_ok=True)
+            (folder / "fingerprints.json").write_text(json.dumps({"synthetic": {"protocol": protocol}}))  # as the writer keeps
             hits = rng.random(400) < accuracy
             (folder / f"{protocol}.jsonl").write_text("".join(
                 json.dumps({"id": str(k), "correct": bool(h), "ppl_delta": 1.0, "ppl_correct": 10.0,
-                            "parse_error": None}) + "\n" for k, h in enumerate(hits)))
+                            "parse_error": None, "fingerprint": "synthetic"}) + "\n" for k, h in enumerate(hits)))
     sizes.write_text("\n".join(lines))
     text = write_report([results], tmp_path / "out", sizes, n_boot=100).read_text()
     assert "APS base:" in text and "APX base:" in text and "APX overtakes APS at" in text

@@ -162,3 +162,29 @@ def test_set_aside_files_are_never_overwritten_and_results_follow_the_umask(tmp_
     finally:
         os.umask(old)
     assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_result_files_are_the_layout_only_and_strays_are_named(tmp_path):
+    """A copy put aside (backup/old/dcs.jsonl) is no model called "backup", and notes.jsonl beside real records
+    no protocol called "notes": both are skipped with a warning naming them."""
+    import json
+    import warnings
+
+    from dcsjax.eval.results import result_files
+
+    task = tmp_path / "model" / "task"
+    task.mkdir(parents=True)
+    (task / "fingerprints.json").write_text(json.dumps({"abc": {"protocol": "dcs"}}))
+    (task / "dcs.jsonl").write_text(json.dumps({"id": "1", "fingerprint": "abc"}) + "\n")
+    (task / "notes.jsonl").write_text(json.dumps({"note": "look at item 3"}) + "\n")
+    (task / "errors.jsonl").write_text(json.dumps({"where": "x", "error": "y"}) + "\n")
+    stray = tmp_path / "backup" / "old"
+    stray.mkdir(parents=True)
+    (stray / "dcs.jsonl").write_text(json.dumps({"id": "1", "fingerprint": "abc"}) + "\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = list(result_files(tmp_path))
+    assert found == [("model", "task", "dcs", task / "dcs.jsonl")]
+    said = sorted(str(w.message) for w in caught)
+    assert said[0].startswith(f"{stray / 'dcs.jsonl'}: skipped, not in the results layout")
+    assert said[1].startswith(f"{task / 'notes.jsonl'}: skipped, its records carry no fingerprint")

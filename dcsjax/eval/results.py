@@ -55,10 +55,35 @@ def records_path(output: Path, model: str, task_slug: str, protocol: str) -> Pat
 
 
 def result_files(root: Path) -> Iterable[tuple[str, str, str, Path]]:
-    """(model, task, protocol, path) of every records file under a results folder."""
+    """(model, task, protocol, path) of every records file of the results layout under `root`
+    (ROOT/model/task/protocol.jsonl, beside the fingerprints.json its writer kept); any other .jsonl file
+    there (a copy put aside, notes) is skipped with a warning naming it, never read as a model or protocol."""
     for path in sorted(Path(root).glob("*/*/*.jsonl")):
-        if path.stem != ERRORS:
+        if path.stem == ERRORS:
+            continue
+        why = _not_records(path)
+        if why is None:
             yield path.parent.parent.name, path.parent.name, path.stem, path
+        else:
+            warnings.warn(f"{path}: skipped, {why}", stacklevel=2)
+
+
+def _not_records(path: Path) -> str | None:
+    """Why `path` is not a records file of this layout, or None: its folder has the writer's fingerprints.json
+    and its first record carries one of them (an empty file holds no records to misread)."""
+    known = path.parent / FINGERPRINTS
+    if not known.is_file():
+        return f"not in the results layout (no {FINGERPRINTS} beside it)"
+    with path.open("rb") as f:
+        first = next((line for line in f if line.strip()), None)
+    if first is None:
+        return None
+    try:
+        fingerprint = json.loads(first).get("fingerprint")
+        fingerprints = json.loads(known.read_text())
+    except (ValueError, AttributeError):
+        return "its first line is no record of this layout"
+    return None if fingerprint in fingerprints else f"its records carry no fingerprint of {known}"
 
 
 # ------------------------------------------------------------------------------------------------ fingerprints
