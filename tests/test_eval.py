@@ -48,6 +48,7 @@ def test_eval_writes_records_summary_and_table(tmp_path):
     run = written["runs"][summary["rows"][0]["run"]]
     assert {r["run"] for r in written["rows"]} == set(written["runs"])
     assert run["model"] == "smollm2-135m-instruct" and run["model_identity"]["sha256"]
+    assert run["model_identity"]["chat_template"]  # the template decides the letter prompts: it names the model
     assert (run["protocols"], run["limit"], run["option_order"], run["seed"], run["dtype"], run["lc"]) == (
         PROTOCOLS + ["mcqa", "dcs-letters"], LIMIT, "shuffle", 0, "float32", 1.0)
     versions = run["versions"]

@@ -191,3 +191,20 @@ def test_a_damaged_tokenizer_cache_is_rebuilt(tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # repaired: the next load reads it quietly
         dcsjax.load(path, document_start="<|endoftext|>")
+
+
+def test_an_instruct_model_without_a_chat_template_is_refused_naming_how_to_give_one(tmp_path):
+    """Its letter and APX prompts would silently change (and with them every DCS and answer): it is refused
+    instead; loaded as a base model it runs, asked without a template."""
+    import copy
+
+    tokenizer = copy.copy(tiny_scorer().tokenizer)
+    tokenizer.chat_template = None
+    assert tiny_scorer().tokenizer.chat_template  # the copy's change leaves the scorer's own tokenizer alone
+    bare = tiny_scorer(tokenizer=tokenizer)
+    for protocol, purpose in (("dcs-letters", "DCS from letters"), ("apx", "APX")):
+        with pytest.raises(ConfigError, match=f"{MODEL} is an instruct model without a chat template, which "
+                                              f"{purpose} asks it through: give its tokenizer one"):
+            evaluate(tmp_path / protocol, protocols=(protocol,), scorer=bare)
+    as_base = tiny_scorer(tokenizer=tokenizer, variant="base")
+    assert values(evaluate(tmp_path / "base", protocols=("dcs-letters",), scorer=as_base))

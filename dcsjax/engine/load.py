@@ -76,8 +76,11 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
     name = hub["hub"].replace("/", "--") if hub else path.name if path.is_dir() else (card.name if card else path.stem)
     variant = variant or (card.variant if card else None)
     # parameters and variant ride along so that `dcsjax report` can place the model on a size axis
+    # the chat template decides the letter and APX prompts of an instruct model, so it names the model too
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
     fingerprint = {**identity, "card": card.name if card else None, "dtype": dtype, "document_start": int(start),
-                   "variant": variant, "parameters": param_count(model)}
+                   "variant": variant, "parameters": param_count(model),
+                   "chat_template": hashlib.sha256(template.encode()).hexdigest()[:16] if template else None}
     return Scorer(model, tokenizer, start, name=name, card=card, progress=progress, mesh=mesh,
                   model_fingerprint=fingerprint, variant=variant, **scorer_options)
 

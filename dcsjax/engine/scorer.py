@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from dcsjax.errors import InputError
+from dcsjax.errors import ConfigError, InputError
 from dcsjax.engine.logprobs import reduce_logprobs, sharded_token_logprobs, token_logprobs_and_greedy
 from dcsjax.engine.packing import BUCKET_MULTIPLE, DEFAULT_BUCKETS, Group, PlannedBatch, make_batch, plan_batches
 from dcsjax.nn.decoder import Decoder
@@ -99,6 +99,19 @@ class Scorer:
         return self.model.config
 
     # ---------------------------------------------------------------------------------------- texts
+    def asks_through_chat_template(self, purpose: str) -> bool:
+        """Whether a prompt for `purpose` goes through the chat template: an instruct model's does. An
+        instruct model without a template is refused, naming how to give one, instead of being asked another
+        way without a word (its letters and answers would change)."""
+        if not self.is_instruct:
+            return False
+        if not self.tokenizer.chat_template:
+            raise ConfigError(
+                f"{self.name} is an instruct model without a chat template, which {purpose} asks it through: give "
+                "its tokenizer one (chat_template in tokenizer_config.json, or chat_template.jinja in the model's "
+                "folder), or load it as a base model (--variant base)")
+        return True
+
     def chat_text(self, user: str, system: str | None = None) -> str:
         """A [system and] user turn through the tokenizer's chat template, the assistant's turn opened."""
         messages = ([{"role": "system", "content": system}] if system is not None else []) + \

@@ -36,7 +36,11 @@ def is_instruct(scorer) -> bool:
 
 
 def uses_chat_template(scorer) -> bool:
-    return is_instruct(scorer) and bool(scorer.tokenizer.chat_template)
+    """An instruct model is asked through its chat template (refused without one); a model whose variant no
+    card or caller names counts as instruct when it has a template."""
+    if scorer.is_instruct is None:
+        return bool(scorer.tokenizer.chat_template)
+    return bool(scorer.is_instruct) and scorer.asks_through_chat_template("APX")
 
 
 def prompt_ids(scorer, item: Item, exemplars: Sequence[Item] = ()) -> list[int]:

@@ -133,8 +133,8 @@ def letters_prompt(item: Item, lc: float, lw: float) -> tuple[str, list[str], in
 
 def letters_use_chat_template(scorer) -> bool:
     """Only a model whose card says instruct is asked through its chat template (a base model's template,
-    where it has one, is not what it was pretrained on)."""
-    return bool(scorer.is_instruct) and bool(scorer.tokenizer.chat_template)
+    where it has one, is not what it was pretrained on); an instruct model without one is refused."""
+    return bool(scorer.is_instruct) and scorer.asks_through_chat_template("DCS from letters")
 
 
 def letters_context(scorer, item: Item, lc: float, lw: float) -> tuple[str, list[str], int]:
