@@ -7,8 +7,8 @@ token the model card names (SmolLM2: `<|endoftext|>`). The first real token is t
 
 from __future__ import annotations
 
-import functools
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
