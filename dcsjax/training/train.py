@@ -264,7 +264,8 @@ def selection_score(cfg: TrainConfig, logits: np.ndarray, dev: LetterFeatures) -
     return float(jnp.mean(dcs(*option_masses(*d), cfg.lc, cfg.lw)))
 
 
-def evaluate(d: Distributions) -> dict[str, float]:
+def abstention_metrics(d: Distributions) -> dict[str, float]:
+    """Every abstention metric (`metrics.calibration.ABSTENTION_METRICS`) of the distributions, as floats."""
     return {name: float(metric(d)) for name, metric in ABSTENTION_METRICS.items()}
 
 
@@ -357,7 +358,7 @@ def _dev_eval(c, cfg: TrainConfig, state: TrainState, base, embedding, dev_set: 
     if the selection score improved -> the dev metrics."""
     progress = state.progress
     logits = predict_logits(c, adapted(cfg, state.params, base), embedding, dev_set)
-    metrics = evaluate(distributions(logits, dev_set))
+    metrics = abstention_metrics(distributions(logits, dev_set))
     score = selection_score(cfg, logits, dev_set)
     entry = {"step": progress["step"], **{f"dev_{k}": v for k, v in metrics.items()}, "dev_score": score, **stats}
     alarm = collapse_alarm(metrics)
