@@ -11,7 +11,7 @@ import time
 # dcsjax needs no torch: transformers' advice that it is missing would only mislead
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from dcsjax.errors import DcsjaxError
+from dcsjax.errors import DcsjaxError, Terminated, clear_stop_request, request_stop
 
 DEMO_MODEL = "smollm2-135m-instruct"
 DEMO_TASKS = ("known_unknowns", "logical_deduction_three_objects", "misconceptions", "hindu_knowledge",
@@ -393,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("lm-eval", help="lm-evaluation-harness's command line with `--model dcsjax` registered "
                    "(every argument is lm-eval's; needs the lm-eval extra)", add_help=False)
     args = parser.parse_args(argv)
-    previous = signal.signal(signal.SIGTERM, _terminated) if _main_thread() else None
+    clear_stop_request()
+    previous = signal.signal(signal.SIGTERM, request_stop) if _main_thread() else None
     try:
         return args.func(args)
     except DcsjaxError as err:
@@ -409,14 +410,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised where the process is (as Ctrl-C raises KeyboardInterrupt), so it stops as Ctrl-C does."""
-
-
-def _terminated(signum, frame):
-    raise Terminated()
 
 
 def _main_thread() -> bool:

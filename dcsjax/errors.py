@@ -24,3 +24,41 @@ class ConfigError(DcsjaxError):
 
 class InputError(DcsjaxError, ValueError):
     """A text or item cannot be scored as given (empty, too long, ...)."""
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the process is (as Ctrl-C raises KeyboardInterrupt), so it stops as Ctrl-C does."""
+
+
+_stop_requested: list[int] = []
+
+
+def request_stop(signum: int, frame=None) -> None:
+    """The SIGTERM handler: a flag that `stop_point` raises from, and `Terminated` at once where an exception
+    can surface. Inside a garbage-collection callback or a `__del__`, Python would print the exception as
+    "ignored" and go on, so there it only leaves the flag for the next stop point."""
+    _stop_requested.append(signum)
+    if not _in_ignored_callback(frame):
+        raise Terminated()
+
+
+def _in_ignored_callback(frame) -> bool:
+    import gc
+
+    hooks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in hooks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def clear_stop_request() -> None:
+    """Forget a SIGTERM already handled (a second `main()` in the same process starts afresh)."""
+    _stop_requested.clear()
+
+
+def stop_point() -> None:
+    """Raise `Terminated` if a SIGTERM arrived; called between writes, where stopping loses nothing."""
+    if _stop_requested:
+        raise Terminated()

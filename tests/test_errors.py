@@ -54,3 +54,34 @@ def test_gguf_without_bos_needs_a_document_start(tmp_path):
     shutil.copy(fetch_model("smollm2-135m-instruct"), copy)
     with pytest.raises(ConfigError, match="document_start"):
         dcsjax.load(copy)
+
+
+def test_sigterm_inside_a_gc_callback_is_kept_for_the_next_stop_point():
+    """A SIGTERM handled while a garbage-collection callback runs (JAX installs one) would be printed as an
+    "ignored" exception and lost, and the run would go to its end; it is kept and raised at the next write."""
+    import gc
+    import sys
+
+    from dcsjax.errors import Terminated, clear_stop_request, request_stop, stop_point
+
+    clear_stop_request()
+
+    def callback(phase, info):
+        request_stop(15, sys._getframe())
+
+    lost = []
+    hook, sys.unraisablehook = sys.unraisablehook, lost.append  # where "Exception ignored in" is printed from
+    gc.callbacks.append(callback)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(callback)
+        sys.unraisablehook = hook
+    assert lost == []
+    with pytest.raises(Terminated):
+        stop_point()
+    clear_stop_request()
+    stop_point()  # forgotten: a second run in the same process starts afresh
+    with pytest.raises(Terminated):  # anywhere else, it stops at once, as Ctrl-C does
+        request_stop(15, sys._getframe())
+    clear_stop_request()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dcsjax.eval import results
-from dcsjax.errors import ConfigError, InputError
+from dcsjax.errors import ConfigError, InputError, stop_point
 from dcsjax.metrics.bootstrap import mean_ci
 from dcsjax.eval.protocols import PROTOCOLS
 from dcsjax.eval.protocols.options import DEFAULT_ORDER, ORDERS
@@ -305,6 +305,7 @@ def _score_protocol(config: EvalConfig, card, protocol: str, ctx, task: dict, it
     bar = _bar(config.progress and lead, len(items), len(items) - len(todo), f"{scorer.name} {card.name} {protocol}")
     scoring_errors = []
     for s, e in write_spans(len(todo), config.chunk, config.max_chunk):
+        stop_point()
         part = todo[s:e]
         mine = score_items(protocol, ctx, distributed.my_share(part), config.option_order, config.seed)
         gathered = distributed.gather_in_order(mine, len(part))

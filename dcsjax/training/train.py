@@ -39,7 +39,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from dcsjax.errors import ConfigError
+from dcsjax.errors import ConfigError, stop_point
 from dcsjax.metrics.dcs import dcs, option_masses
 from dcsjax.engine.packing import round_up
 from dcsjax.metrics.calibration import ABSTENTION_METRICS, Distributions
@@ -416,6 +416,7 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
         _dev_eval(c, cfg, state, base, embedding, dev_set, stats, run_dir, log)  # the starting point
         checkpoints.save(state)
     while state.step < last_step and not state.progress["stopped"]:
+        stop_point()
         idx = batch_indices(cfg.seed, state.step, cfg.accumulate, cfg.batch_size, len(train_set))
         t = cut_length(train_set.length[idx], train_set.hidden.shape[1])
         batch = (train_set.hidden[idx, :t], *(np.asarray(x)[idx] for x in (
