@@ -279,6 +279,72 @@ def _train_parser(sub) -> None:
     p.set_defaults(func=cmd_train_abstain)
 
 
+def cmd_plan(args) -> int:
+    import json
+
+    import jax.numpy as jnp
+
+    from dcsjax.engine.load import load_config
+    from dcsjax.engine.plan import ESTIMATED, plan_decode, plan_scoring, topology_mesh
+    from dcsjax.eval.tables import render
+
+    programs = _names(args.programs)
+    if not programs or set(programs) - {"score", "decode"}:
+        raise DcsjaxError(f"--programs takes score and/or decode, not {args.programs!r}")
+    dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
+    rows, table = [], []
+    for model in _names(args.model):
+        config, source = load_config(model)
+        for topology in _names(args.topology):
+            mesh, chip = topology_mesh(topology, args.mesh)
+            shape = f"{mesh.shape['data']}x{mesh.shape['model']}"
+            for program in programs:
+                if program == "score":
+                    r = plan_scoring(config, mesh, chip, args.rows, args.length, dtype)
+                    size = f"{r['rows']} x {r['length']}"
+                else:
+                    r = plan_decode(config, mesh, chip, args.decode_rows, args.cached, args.new_tokens, dtype)
+                    size = f"{r['rows']} x {r['cached']}+{r['new_tokens']}"
+                r = {"model": model, "config": source, "topology": topology, "chip": chip.name, "mesh": shape,
+                     "dtype": args.dtype, **r}
+                rows.append(r)
+                used = r["argument_bytes"] + r["temp_bytes"] + r["code_bytes"]
+                est = r["estimated_tokens_per_s"]
+                table.append([model, topology, shape, program, size, f"{used / 2**30:.2f} / {chip.hbm_bytes / 2**30:.0f}",
+                              "yes" if r["fits"] else "no", r.get("most_rows", ""), f"{r['compiled_over_model']:.2f}",
+                              f"{est:,.0f}" if est else "n/a",
+                              f"{r['estimated_mfu']:.0%}" if r["estimated_mfu"] else "n/a", f"{r['compile_s']:.0f}"])
+    header = ["model", "topology", "mesh", "program", "rows x tokens", "HBM GiB/chip", "fits", "most rows",
+              "compiled/model FLOPs", "est. tokens/s", "est. MFU", "compile s"]
+    print(render(header, table, fmt=args.format, numeric=range(5, len(header))))
+    print(f"est.: {ESTIMATED} (per chip; XLA's cost analysis of the same programs with their loops unrolled).")
+    if args.json:
+        from pathlib import Path
+
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+def _plan_parser(sub) -> None:
+    p = sub.add_parser("plan", help="compile the scoring and decoding programs for a TPU slice, here, without a TPU "
+                       "or weights: memory per chip and XLA's cost-model estimates (needs the tpu extra)")
+    p.add_argument("--model", required=True, help="comma-separated: a published config in models/configs/ "
+                   "(llama-3.1-8b, ...), a config.json, an HF directory, a hub id, a model card or a GGUF file")
+    p.add_argument("--topology", required=True, help="comma-separated TPU topologies as libtpu names them: v5e:2x2, "
+                   "v5e:2x4, v5e:4x4, v6e:2x4, v5p:2x2x1, ...")
+    p.add_argument("--mesh", default=None, help="data x model devices (default: the topology's first dimension x the rest)")
+    p.add_argument("--programs", default="score,decode", help="score and/or decode (default: both)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="parameters' dtype")
+    p.add_argument("--rows", type=_rows, default=8, help="scoring: rows per step (default 8)")
+    p.add_argument("--length", type=_whole(1, "tokens"), default=2048, help="scoring: tokens per packed row (default 2048)")
+    p.add_argument("--decode-rows", type=_rows, default=64, help="decoding: rows (default 64)")
+    p.add_argument("--cached", type=_whole(1, "tokens"), default=1024, help="decoding: prompt tokens in the cache (default 1024)")
+    p.add_argument("--new-tokens", type=_whole(1, "tokens"), default=32, help="decoding: tokens generated (default 32)")
+    p.add_argument("--format", default="text", choices=["text", "markdown"], help="the table's format")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write every figure as JSON")
+    p.set_defaults(func=cmd_plan)
+
+
 def cmd_export_lm_eval(args) -> int:
     from pathlib import Path
 
@@ -385,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_report)
     _train_parser(sub)
     _statements_parser(sub)
+    _plan_parser(sub)
     p = sub.add_parser("export-lm-eval", help="a results folder's summary in lm-evaluation-harness's results schema "
                        "(`\"acc,none\"` keys), for the dashboards that read lm-eval's results files")
     p.add_argument("results", metavar="RESULTS_DIR")

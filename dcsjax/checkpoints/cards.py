@@ -46,6 +46,17 @@ def model_card_names() -> list[str]:
     return sorted(p.stem for p in cards_dir("models").glob("*.toml"))
 
 
+def published_config_names() -> list[str]:
+    """`models/configs/<name>.json`: published models' config.json as their hub repositories serve them (for
+    `dcsjax plan`: the shapes, no weights)."""
+    return sorted(p.stem for p in (cards_dir("models") / "configs").glob("*.json"))
+
+
+def published_config(name: str) -> Path | None:
+    path = cards_dir("models") / "configs" / f"{name.lower()}.json"
+    return path if path.is_file() else None
+
+
 def model_card(name: str) -> ModelCard:
     path = cards_dir("models") / f"{name}.toml"
     if not path.is_file():

@@ -43,3 +43,19 @@ def hub_snapshot(hub_id: str) -> tuple[Path, dict]:
     if not (path / "config.json").is_file():
         raise FetchError(f"{hub_id}: the snapshot {path} holds no config.json: not a transformers model")
     return path, {"hub": repo, "revision": path.name}  # a snapshot's folder is named by its commit
+
+
+def hub_config(hub_id: str) -> Path:
+    """The `config.json` alone of `org/name[@revision]` (what `dcsjax plan` needs: no weights)."""
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+
+    repo, _, revision = hub_id.partition("@")
+    try:
+        return Path(hf_hub_download(repo, "config.json", revision=revision or None))
+    except LocalEntryNotFoundError as err:
+        offline = " (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE else ""
+        raise FetchError(f"{hub_id}: its config.json is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and "
+                         f"the hub cannot be reached{offline}; `hf download {repo} config.json` where it can") from err
+    except (EntryNotFoundError, HfHubHTTPError) as err:
+        raise FetchError(f"{hub_id}: {err}") from err

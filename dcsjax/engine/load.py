@@ -15,7 +15,7 @@ from dcsjax.checkpoints.gguf_tokenizer import gguf_tokenizer
 from dcsjax.checkpoints.hub import hub_snapshot, is_hub_id
 from dcsjax.checkpoints.hf_dir import hf_config, hf_tensors
 from dcsjax.errors import CheckpointError, ConfigError, UnknownModelError
-from dcsjax.nn.config import config_from_gguf, config_from_hf
+from dcsjax.nn.config import DecoderConfig, config_from_gguf, config_from_hf
 from dcsjax.engine.scorer import Scorer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -83,6 +83,38 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
                    "chat_template": hashlib.sha256(template.encode()).hexdigest()[:16] if template else None}
     return Scorer(model, tokenizer, start, name=name, card=card, progress=progress, mesh=mesh,
                   model_fingerprint=fingerprint, variant=variant, **scorer_options)
+
+
+def load_config(name_or_path: str | os.PathLike) -> tuple[DecoderConfig, str]:
+    """(the model's config, where it was read) without its weights: a published config's name
+    (`models/configs/`), a config.json or an HF directory, a hub id (its config.json alone), a model card or
+    a GGUF file (the file's header; a card's file is fetched once, as `load` would)."""
+    import json
+
+    from dcsjax.checkpoints.cards import published_config, published_config_names
+    from dcsjax.checkpoints.fetch import fetch_model
+    from dcsjax.checkpoints.hub import hub_config
+
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    elif not path.exists() and published_config(text):
+        path = published_config(text)
+    elif not path.exists() and is_hub_id(text):
+        path = hub_config(text)
+    if path.suffix == ".json" and path.is_file():
+        try:
+            return config_from_hf(json.loads(path.read_text()), source=str(path)), str(path)
+        except json.JSONDecodeError as err:
+            raise CheckpointError(f"{path}: broken JSON: {err}") from err
+    if not path.exists() and text not in model_card_names():
+        raise UnknownModelError(f"unknown model {text!r}: not a published config ({', '.join(published_config_names())}), "
+                                f"a model card ({', '.join(model_card_names())}), a config.json, an HF directory, "
+                                "a hub id or a GGUF file")
+    path = path if path.exists() else fetch_model(text, quiet=True)
+    file = open_gguf(path)
+    return config_from_gguf(gguf_metadata(file), gguf_vocab_size(file), source=str(path)), str(path)
 
 
 def hf_dir_digest(path: Path) -> str:

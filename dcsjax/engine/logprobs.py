@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from dcsjax.nn import loops
 from dcsjax.nn.decoder import row_sum, unembed
 
 F32 = jnp.float32
@@ -50,7 +51,7 @@ def vocab_scan(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, firs
     b, t = targets.shape
     if t > TOKEN_BLOCK and t % TOKEN_BLOCK == 0:  # a long row: one block of its tokens at a time
         blocks = lambda x: jnp.moveaxis(x.reshape(b, t // TOKEN_BLOCK, TOKEN_BLOCK, *x.shape[2:]), 1, 0)  # noqa: E731
-        out = jax.lax.map(lambda xs: vocab_scan(xs[0], out_embed, xs[1], first_id, vocab_size, chunk, cap),
+        out = loops.map(lambda xs: vocab_scan(xs[0], out_embed, xs[1], first_id, vocab_size, chunk, cap),
                           (blocks(hidden), blocks(targets)))
         return tuple(jnp.moveaxis(x, 0, 1).reshape(b, t) for x in out)
     rows, d = out_embed.shape
@@ -80,7 +81,7 @@ def vocab_scan(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, firs
         return (new_max, running_sum, target_logit), None
 
     init = (jnp.full(batch_shape, -jnp.inf, F32), jnp.zeros(batch_shape, F32), jnp.zeros(batch_shape, F32))
-    return jax.lax.scan(step, init, (w, jnp.arange(n_chunks) * chunk))[0]
+    return loops.scan(step, init, (w, jnp.arange(n_chunks) * chunk))[0]
 
 
 def sharded_token_logprobs(hidden: jax.Array, out_embed: jax.Array, targets: jax.Array, mesh,

@@ -37,6 +37,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dcsjax.nn import loops
+
 F32 = jnp.float32
 MASKED = -1e30  # finite, so a fully masked (padding) row softmaxes to uniform instead of NaN
 BLOCKWISE_FROM = 1024  # rows at least this long take the blockwise path (bench/passages.py)
@@ -213,13 +215,13 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskPar
                 return new_high, summed * rescale + jnp.einsum("bngts,bnsk->bngtk", unnormed, v_j,
                                                                preferred_element_type=F32)
 
-            return jax.lax.cond(live[i, j], update, lambda c: c, carry), None
+            return loops.cond(live[i, j], update, lambda c: c, carry), None
 
         init = (jnp.full((b, n, g, bq), MASKED, F32), jnp.zeros((b, n, g, bq, kd + 1), F32))
-        (_, summed), _ = jax.lax.scan(key_tile, init, (jnp.arange(s // bk), k_tiles, v_tiles))
+        (_, summed), _ = loops.scan(key_tile, init, (jnp.arange(s // bk), k_tiles, v_tiles))
         return summed[..., :-1] / nonzero(summed[..., -1:])
 
-    out = jax.lax.map(query_tile, (jnp.arange(t // bq), q_tiles))  # [T / bq, B, N, G, bq, K]
+    out = loops.map(query_tile, (jnp.arange(t // bq), q_tiles))  # [T / bq, B, N, G, bq, K]
     return out.transpose(1, 0, 4, 2, 3, 5).reshape(b, t, n, g, kd)
 
 

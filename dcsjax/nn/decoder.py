@@ -27,6 +27,7 @@ from flax import nnx
 
 from dcsjax.nn.attention import (NO_WINDOW, MaskParts, cached_attention, dense_attention, softcap, takes_blockwise,
                                   tiled_attention, visible)
+from dcsjax.nn import loops
 from dcsjax.nn.config import DecoderConfig
 
 F32 = jnp.float32
@@ -169,7 +170,7 @@ class Decoder(nnx.Module):
             return decoder_block(c, p, x, ropes.pick(flags), jnp.where(flags.local, local, glob),
                                  cache=(k_cache, v_cache))
 
-        x, (new_k, new_v) = jax.lax.scan(block, x, (self.layers.arrays(), layer_flags(c), cache_k, cache_v))
+        x, (new_k, new_v) = loops.scan(block, x, (self.layers.arrays(), layer_flags(c), cache_k, cache_v))
         rows = jnp.arange(tokens.shape[0])
         cache_k = cache_k.at[:, rows, positions].set(new_k[:, :, 0])  # [L, B, 1, N, K] into slot `positions`
         cache_v = cache_v.at[:, rows, positions].set(new_v[:, :, 0])
@@ -191,7 +192,7 @@ def run_blocks(c: DecoderConfig, params: dict[str, jax.Array], flags: "LayerFlag
 
     if remat:
         block = jax.checkpoint(block)
-    return jax.lax.scan(block, x, (params, flags))
+    return loops.scan(block, x, (params, flags))
 
 
 class LayerFlags(NamedTuple):
@@ -468,7 +469,7 @@ def experts(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
     # batch it shares
     n = b * t
     tokens = jnp.pad(x.reshape(n, d), ((0, -n % ROUTE_CHUNK), (0, 0)))  # a decode step routes B tokens
-    weights = jax.lax.map(route, tokens.reshape(-1, ROUTE_CHUNK, d)).reshape(-1, e)[:n].reshape(b, t, e)
+    weights = loops.map(route, tokens.reshape(-1, ROUTE_CHUNK, d)).reshape(-1, e)[:n].reshape(b, t, e)
     gate = dense("btd,df->btf", x, p["expert_gate"].transpose(1, 0, 2).reshape(d, e * fe)).reshape(b, t, e, fe)
     up = dense("btd,df->btf", x, p["expert_up"].transpose(1, 0, 2).reshape(d, e * fe)).reshape(b, t, e, fe)
     act = (jax.nn.silu(gate) * up).astype(F32) * weights[..., None]  # [B, T, E, Fe]

@@ -1,0 +1,271 @@
+"""`dcsjax plan`: the engine's own jitted programs compiled for a TPU slice on this machine (no TPU needed, no
+weights read), with the memory XLA allocates per chip and XLA's TPU cost model.
+
+libtpu (the `tpu` extra) compiles for a named topology (`v5e:2x4`, ...) through
+`jax.experimental.topologies`; the model's parameters are `jax.eval_shape` shapes, placed on the topology's
+(data, model) mesh by the engine's sharding rules. What is compiled is the engine's code, not a copy:
+- scoring: `engine.scorer._batch_logprobs`, the packed scoring step (decoder, then the vocabulary-chunked
+  log-prob kernel), for `rows` x `length` token rows;
+- decoding: `engine.generate._decode` (prefill, then the KV-cache loop of `Decoder.decode_step`).
+
+Two kinds of figures, kept apart:
+- memory (arguments, temporaries, code, per chip) is read from the real program, as it would run;
+- FLOPs, bytes accessed and `optimal_seconds` come from XLA's cost analysis, which counts a loop's body
+  once. They are read from the same functions traced with every loop unrolled (`nn.loops.unrolled`) at one
+  and two periods of layers (a period: Gemma's pattern of local and global layers), and scaled to the
+  model's depth: total = c(p) + (L / p - 1) (c(2p) - c(p)). Seconds, tokens/s and MFU derived from them are
+  estimates of XLA's TPU cost model, not measurements; a device run (`bench/gpu_llama1b.py` on GPU) is what
+  measures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from dcsjax.errors import ConfigError
+from dcsjax.nn import loops
+from dcsjax.nn.config import DecoderConfig
+from dcsjax.nn.decoder import Decoder
+from dcsjax.nn.sharding import MESH_AXES, partition_spec
+
+GIB = 2**30
+ESTIMATED = "estimated by XLA's TPU cost model, not measured"
+
+
+@dataclass(frozen=True)
+class Chip:
+    name: str
+    hbm_bytes: int  # per chip, as published
+    bf16_flops: float  # peak dense bfloat16 FLOP/s per chip, as published
+
+
+CHIPS = {  # by the topology name's prefix, as libtpu spells it
+    "v4": Chip("TPU v4", 32 * GIB, 275e12),
+    "v5e": Chip("TPU v5e", 16 * GIB, 197e12),
+    "v5p": Chip("TPU v5p", 95 * GIB, 459e12),
+    "v6e": Chip("TPU v6e", 32 * GIB, 918e12),
+}
+
+
+def topology_mesh(topology: str, mesh: str | None = None):
+    """(jax Mesh over the topology's devices, Chip). mesh "DxM" (data x model); by default the topology's
+    first dimension is data and the rest model (`v5e:2x4` -> 2 x 4, `v5p:2x2x1` -> 2 x 2)."""
+    kind, _, grid = topology.partition(":")
+    if kind not in CHIPS or not grid:
+        raise ConfigError(f"topology {topology!r}: a TPU kind ({', '.join(CHIPS)}) and a grid, such as v5e:2x4")
+    try:
+        from jax.experimental import topologies
+
+        devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
+    except Exception as err:  # no libtpu, or a grid libtpu refuses
+        hint = "" if _has_libtpu() else " (compiling for TPU needs libtpu: pip install 'dcsjax[tpu]')"
+        raise ConfigError(f"topology {topology!r}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+                          f"{hint}") from err
+    dims = [int(d) for d in grid.split("x")]
+    shape = _mesh_shape(mesh) if mesh else (dims[0], math.prod(dims[1:]))
+    if math.prod(shape) != len(devices):
+        raise ConfigError(f"mesh {shape[0]}x{shape[1]} needs {math.prod(shape)} devices; {topology} has {len(devices)}")
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices), CHIPS[kind]
+
+
+def _mesh_shape(spec: str) -> tuple[int, int]:
+    try:
+        data, model = (int(s) for s in spec.lower().split("x"))
+    except ValueError:
+        raise ConfigError(f"a mesh is data x model devices, such as 2x4, not {spec!r}") from None
+    return data, model
+
+
+def _has_libtpu() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def abstract_model(config: DecoderConfig, mesh, dtype=jnp.bfloat16):
+    """(graphdef, state): the decoder's parameters as sharded shapes on the mesh, by the engine's rules."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(config, dtype=dtype, rngs=nnx.Rngs(0))))
+
+    def place(v):
+        value = v.get_value()
+        spec = partition_spec(v.axes, value.shape, mesh)
+        return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=NamedSharding(mesh, spec))
+
+    return graphdef, jax.tree.map(place, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def bytes_per_chip(state) -> int:
+    """The largest device's share of the parameters (a replicated array counts whole on each)."""
+    total = 0
+    for leaf in jax.tree.leaves(state):
+        total += math.prod(leaf.sharding.shard_shape(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize
+    return total
+
+
+def layer_period(config: DecoderConfig) -> int:
+    """The fewest layers after which the layers' kinds (local or global, RoPE or not) repeat."""
+    kinds = list(zip(config.local_layers, config.rope_layers))
+    return next(p for p in range(1, len(kinds) + 1) if all(kinds[i] == kinds[i % p] for i in range(len(kinds))))
+
+
+def truncated(config: DecoderConfig, layers: int) -> DecoderConfig:
+    return dataclasses.replace(config, num_layers=layers, layer_is_local=config.layer_is_local[:layers],
+                               layer_uses_rope=config.layer_uses_rope[:layers])
+
+
+def _memory(compiled) -> dict:
+    m = compiled.memory_analysis()
+    return {"argument_bytes": int(m.argument_size_in_bytes), "temp_bytes": int(m.temp_size_in_bytes),
+            "output_bytes": int(m.output_size_in_bytes), "code_bytes": int(m.generated_code_size_in_bytes),
+            "alias_bytes": int(m.alias_size_in_bytes)}
+
+
+# Custom calls XLA's TPU cost model has no estimate for: each adds -1 s to `optimal_seconds` (a Llama-3.1-8B
+# scoring step of one layer reads -9.97 s with ten of them, of two layers -26.97 s with 27). They are
+# concatenations laid out as bitcasts (the attention tiles' ones column, RoPE's halves); the plan counts
+# them as free and adds the second back.
+UNESTIMATED_CALLS = ("ConcatBitcast",)
+
+
+def _cost(compiled) -> dict:
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    text = compiled.as_text()
+    unestimated = sum(text.count(f'custom_call_target="{name}"') for name in UNESTIMATED_CALLS)
+    return {"flops": float(cost.get("flops", 0.0)), "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+            "optimal_seconds": float(cost.get("optimal_seconds", float("nan"))) + unestimated}
+
+
+def scaled_cost(config: DecoderConfig, compile_at) -> dict:
+    """XLA's cost of the whole depth from unrolled programs of one and two layer periods (`compile_at(config)`
+    -> a compiled program); exact where the model is no deeper than two periods (compiled whole)."""
+    p = layer_period(config)
+    if config.num_layers <= 2 * p:
+        return _cost(compile_at(config))
+    one, two = _cost(compile_at(truncated(config, p))), _cost(compile_at(truncated(config, 2 * p)))
+    periods = config.num_layers / p
+    return {k: one[k] + (periods - 1) * (two[k] - one[k]) for k in one}
+
+
+def _unrolled(fn, static_argnums, donate_argnums=()):
+    """A jitted function that traces `fn` (a Python function, or a jitted one's) with every loop unrolled.
+    A new wrapper each time: JAX keeps traces per function, and a trace made outside `unrolled()` keeps its loops."""
+    fn = getattr(fn, "__wrapped__", fn)
+
+    def written_out(*args):
+        with loops.unrolled():
+            return fn(*args)
+
+    return jax.jit(written_out, static_argnums=static_argnums, donate_argnums=donate_argnums)
+
+
+def _timed_compile(fn, *args):
+    start = time.perf_counter()
+    compiled = fn.lower(*args).compile()
+    return compiled, time.perf_counter() - start
+
+
+def _rows(shape, mesh, dtype=jnp.int32):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P("data")))
+
+
+def plan_scoring(config: DecoderConfig, mesh, chip: Chip, rows: int = 8, length: int = 2048,
+                 dtype=jnp.bfloat16, vocab_chunk: int = 8192) -> dict:
+    """The packed scoring step of `rows` x `length` fully packed rows: memory per chip (and the most rows of
+    that length that fit, from the temporaries' growth between `rows` and 2 x `rows`), FLOPs per chip against
+    the model's for those tokens, and XLA's estimated step time."""
+    from dcsjax.engine.scorer import _batch_logprobs
+
+    data = mesh.shape["data"]
+    if rows % data:
+        raise ConfigError(f"{rows} rows do not split over the mesh's {data} data devices")
+
+    def lower_args(c, n):
+        graphdef, state = abstract_model(c, mesh, dtype)
+        return (graphdef, vocab_chunk, mesh, state, *(_rows((n, length), mesh) for _ in range(5)))
+
+    compiled, seconds = _timed_compile(_batch_logprobs, *lower_args(config, rows))
+    memory = _memory(compiled)
+    doubled = _memory(_timed_compile(_batch_logprobs, *lower_args(config, 2 * rows))[0])
+
+    def unrolled_program(c):
+        return _timed_compile(_unrolled(_batch_logprobs, static_argnums=(0, 1, 2)), *lower_args(c, rows))[0]
+
+    cost = scaled_cost(config, unrolled_program)
+    tokens = rows * length
+    model_flops = config.flops_per_token(mean_context=(length + 1) / 2) * tokens / mesh.size
+    params = bytes_per_chip(abstract_model(config, mesh, dtype)[1])
+    return {"program": "score", "rows": rows, "length": length, "tokens": tokens, "params_bytes": params,
+            **memory, **_fit(memory, doubled, rows, data, chip), **_speed(cost, model_flops, tokens, chip),
+            "compile_s": round(seconds, 1)}
+
+
+def plan_decode(config: DecoderConfig, mesh, chip: Chip, rows: int = 64, cached: int = 1024, new_tokens: int = 32,
+                dtype=jnp.bfloat16) -> dict:
+    """Generation (`engine.generate._decode`) of `new_tokens` after `cached`-token prompts: memory per chip
+    (the KV cache included) from the real program; per decode step, XLA's estimated seconds and tokens/s."""
+    from dcsjax.engine.generate import _decode
+
+    data = mesh.shape["data"]
+    if rows % data:
+        raise ConfigError(f"{rows} rows do not split over the mesh's {data} data devices")
+    graphdef, state = abstract_model(config, mesh, dtype)
+    keys = jax.ShapeDtypeStruct((rows,), jax.random.key(0).dtype, sharding=NamedSharding(mesh, P("data")))
+    args = (graphdef, state, _rows((rows, cached), mesh), _rows((rows,), mesh), keys, new_tokens, 0.0, 1.0, (0,))
+    compiled, seconds = _timed_compile(_decode, *args)
+    memory = _memory(compiled)
+    slots = cached + new_tokens
+    cache_bytes = 2 * config.num_layers * rows * slots * config.num_kv_heads * config.head_dim * jnp.dtype(dtype).itemsize
+
+    def step_program(c):
+        g, s = abstract_model(c, mesh, dtype)
+        cache = jax.ShapeDtypeStruct((c.num_layers, rows, slots, c.num_kv_heads, c.head_dim), dtype,
+                                     sharding=NamedSharding(mesh, P(None, "data")))
+        return _timed_compile(_unrolled(_decode_step, static_argnums=(0,), donate_argnums=(4, 5)), g, s, _rows((rows,), mesh),
+                              _rows((rows,), mesh), cache, cache)[0]
+
+    cost = scaled_cost(config, step_program)
+    model_flops = config.flops_per_token(mean_context=cached + new_tokens / 2) * rows / mesh.size
+    return {"program": "decode", "rows": rows, "cached": cached, "new_tokens": new_tokens,
+            "params_bytes": bytes_per_chip(state), "kv_cache_bytes_per_chip": cache_bytes // mesh.size, **memory,
+            "fits": memory["argument_bytes"] + memory["temp_bytes"] + memory["code_bytes"] <= chip.hbm_bytes,
+            **_speed(cost, model_flops, rows, chip), "compile_s": round(seconds, 1)}
+
+
+def _decode_step(graphdef, state, tokens, positions, cache_k, cache_v):
+    """One step of `_decode`'s loop: `Decoder.decode_step`, then the output head (greedy). The cache is
+    donated, as the loop's carry is updated in place."""
+    model = nnx.merge(graphdef, state)
+    hidden, cache_k, cache_v = model.decode_step(tokens, positions, cache_k, cache_v)
+    return jnp.argmax(model.logits(hidden), axis=-1), cache_k, cache_v
+
+
+def _fit(memory: dict, doubled: dict, rows: int, data: int, chip: Chip) -> dict:
+    """Whether it fits the chip's HBM, and the most rows (a multiple of the data devices) that would: the
+    temporaries grow linearly with the rows (two compiles), the rest stays."""
+    used = memory["argument_bytes"] + memory["temp_bytes"] + memory["code_bytes"]
+    per_row = max(doubled["temp_bytes"] + doubled["argument_bytes"] - memory["temp_bytes"] - memory["argument_bytes"],
+                  1) / rows
+    fixed = used - per_row * rows
+    most = int((chip.hbm_bytes - fixed) // per_row) // data * data if chip.hbm_bytes > fixed else 0
+    return {"hbm_bytes": chip.hbm_bytes, "fits": used <= chip.hbm_bytes, "most_rows": most}
+
+
+def _speed(cost: dict, model_flops: float, tokens: int, chip: Chip) -> dict:
+    """Per chip: compiled against model FLOPs, and XLA's estimated seconds as tokens/s and MFU."""
+    seconds = cost["optimal_seconds"]
+    ok = seconds > 0
+    return {"compiled_flops": cost["flops"], "model_flops": model_flops,
+            "compiled_over_model": cost["flops"] / model_flops if model_flops else float("nan"),
+            "bytes_accessed": cost["bytes_accessed"], "estimated_seconds": seconds if ok else None,
+            "estimated_tokens_per_s": tokens / seconds if ok else None,
+            "estimated_mfu": model_flops / (seconds * chip.bf16_flops) if ok else None, "estimate": ESTIMATED}

@@ -1,0 +1,115 @@
+"""`dcsjax plan`: the engine's scoring and decoding programs compiled for a TPU slice (`v5e:2x2`, through libtpu,
+which the test extra installs) on a (2, 2) mesh, their memory and cost analyses read; the plan's FLOPs against
+the analytic count and against XLA's count of the whole program; the unrolled programs compute what the
+engine's loops compute."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from dcsjax.engine import plan
+from dcsjax.engine.load import load_config
+from dcsjax.engine.scorer import _batch_logprobs
+
+pytestmark = pytest.mark.slow
+
+
+def small_llama(layers: int = 2):
+    """Llama-3.1-8B's published config at a width where the matmuls dominate as they do at full size."""
+    config, _ = load_config("llama-3.1-8b")
+    return dataclasses.replace(config, vocab_size=16384, hidden_size=1024, num_layers=layers, num_heads=8,
+                               num_kv_heads=4, head_dim=128, mlp_size=4096)
+
+
+@pytest.fixture(scope="module")
+def slice_2x2():
+    return plan.topology_mesh("v5e:2x2")
+
+
+def test_scoring_program_compiles_for_v5e_and_its_flops_are_the_models(slice_2x2):
+    mesh, chip = slice_2x2
+    assert dict(mesh.shape) == {"data": 2, "model": 2} and chip.name == "TPU v5e"
+    r = plan.plan_scoring(small_llama(), mesh, chip, rows=4, length=512)
+    assert r["argument_bytes"] >= r["params_bytes"] > 0 and r["code_bytes"] > 0
+    assert r["fits"] and r["most_rows"] > r["rows"] and r["most_rows"] % 2 == 0
+    # the model's FLOPs for 4 x 512 tokens (matmuls, and causal attention over (T + 1) / 2 keys on average)
+    # against what XLA counts in the compiled program: within 5% (dense attention scores every key, masked or not)
+    assert r["compiled_over_model"] == pytest.approx(1.0, abs=0.05), r
+    assert r["estimated_seconds"] > 0 and 0 < r["estimated_mfu"] < 1 and r["estimated_tokens_per_s"] > 0
+    assert "not measured" in r["estimate"]
+
+
+def test_decode_program_compiles_for_v5e_with_its_cache(slice_2x2):
+    mesh, chip = slice_2x2
+    c = small_llama()
+    r = plan.plan_decode(c, mesh, chip, rows=8, cached=256, new_tokens=4)
+    # the cache of every layer, row and slot, per chip (rows split over data, KV heads over model)
+    assert r["kv_cache_bytes_per_chip"] == 2 * c.num_layers * 8 * 260 * c.num_kv_heads * c.head_dim * 2 // 4
+    assert r["argument_bytes"] >= r["params_bytes"] > 0 and r["fits"]
+    assert r["compiled_over_model"] == pytest.approx(1.0, abs=0.05), r
+    assert r["estimated_seconds"] > 0 and r["estimated_tokens_per_s"] > 0
+
+
+def test_depth_scaled_cost_equals_the_whole_unrolled_program(slice_2x2):
+    """c(1) + 3 (c(2) - c(1)) for four layers, against XLA's count of the four-layer program written out;
+    the rolled program's count (loop bodies once) is the control: it falls short."""
+    mesh, _ = slice_2x2
+    c = dataclasses.replace(small_llama(layers=4), hidden_size=256, mlp_size=512, head_dim=32)
+
+    def program(config, unrolled=True):
+        graphdef, state = plan.abstract_model(config, mesh)
+        fn = plan._unrolled(_batch_logprobs, (0, 1, 2)) if unrolled else _batch_logprobs
+        return fn.lower(graphdef, 8192, mesh, state, *(plan._rows((2, 256), mesh) for _ in range(5))).compile()
+
+    scaled = plan.scaled_cost(dataclasses.replace(c, num_layers=4), lambda cfg: program(cfg))
+    assert plan.layer_period(c) == 1
+    whole = plan._cost(program(c))
+    assert scaled["flops"] == pytest.approx(whole["flops"], rel=0.01)
+    assert scaled["optimal_seconds"] == pytest.approx(whole["optimal_seconds"], rel=0.05)
+    assert plan._cost(program(c, unrolled=False))["flops"] < 0.6 * whole["flops"]
+
+
+def test_gemma_layer_period_is_its_pattern_of_local_and_global_layers():
+    gemma2, _ = load_config("gemma-2-9b")
+    assert plan.layer_period(gemma2) == 2 and plan.layer_period(small_llama()) == 1
+
+
+def test_unrolled_loops_compute_what_the_loops_compute(tiny):
+    """On CPU, the plan's unrolled program (every scan, map and cond written out; long rows take the
+    blockwise tiles) gives the engine's log-probs."""
+    rng = np.random.default_rng(0)
+    t = 1024  # the blockwise path, with its tiles and skipped (dead) tiles
+    tokens = rng.integers(0, tiny.config.vocab_size, (2, t)).astype(np.int32)
+    positions = np.tile(np.arange(t, dtype=np.int32), (2, 1))
+    segments = np.ones((2, t), np.int32)
+    segments[1, 700:] = 2  # two documents packed in the second row
+    positions[1, 700:] -= 700
+    attend_to = np.zeros((2, t), np.int32)
+    targets = np.roll(tokens, -1, axis=1)
+    args = (tiny.graphdef, 8192, None, tiny.state, tokens, positions, segments, attend_to, targets)
+    rolled = np.asarray(_batch_logprobs(*args))
+    written_out = np.asarray(plan._unrolled(_batch_logprobs, (0, 1, 2))(*args))
+    np.testing.assert_allclose(written_out, rolled, atol=1e-5)
+
+
+def test_plan_command_prints_its_table_and_json(tmp_path, capsys):
+    from dcsjax.cli import main
+
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "smollm2-135m-instruct", "--topology", "v5e:2x2", "--programs", "score",
+                 "--rows", "2", "--length", "128", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "v5e:2x2" in printed and "est. MFU" in printed and "not measured" in printed
+    (row,) = json.loads(out.read_text())
+    assert row["model"] == "smollm2-135m-instruct" and row["mesh"] == "2x2" and row["program"] == "score"
+
+
+def test_a_topology_libtpu_does_not_know_is_one_line():
+    from dcsjax.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="topology 'v9z:2x2'"):
+        plan.topology_mesh("v9z:2x2")
+    with pytest.raises(ConfigError, match="mesh 3x1 needs 3 devices; v5e:2x2 has 4"):
+        plan.topology_mesh("v5e:2x2", "3x1")
