@@ -289,8 +289,8 @@ def cmd_plan(args) -> int:
     from dcsjax.eval.tables import render
 
     programs = _names(args.programs)
-    if not programs or set(programs) - {"score", "decode"}:
-        raise DcsjaxError(f"--programs takes score and/or decode, not {args.programs!r}")
+    if not programs or set(programs) - {"score", "decode", "train"}:
+        raise DcsjaxError(f"--programs takes score, decode and/or train, not {args.programs!r}")
     dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
     rows, table = [], []
     for model in _names(args.model):
@@ -302,20 +302,28 @@ def cmd_plan(args) -> int:
                 if program == "score":
                     r = plan_scoring(config, mesh, chip, args.rows, args.length, dtype)
                     size = f"{r['rows']} x {r['length']}"
-                else:
+                elif program == "decode":
                     r = plan_decode(config, mesh, chip, args.decode_rows, args.cached, args.new_tokens, dtype)
                     size = f"{r['rows']} x {r['cached']}+{r['new_tokens']}"
+                else:
+                    from dcsjax.training.plan import plan_training
+                    from dcsjax.training.train import TrainConfig
+
+                    r = plan_training(config, mesh, chip, TrainConfig(adapter=args.adapter, batch_size=args.train_rows),
+                                      args.top_layers, args.prompt, dtype=dtype)
+                    size = f"{r['rows']} x {r['length']}"
                 r = {"model": model, "config": source, "topology": topology, "chip": chip.name, "mesh": shape,
                      "dtype": args.dtype, **r}
                 rows.append(r)
                 used = r["argument_bytes"] + r["temp_bytes"] + r["code_bytes"]
-                est = r["estimated_tokens_per_s"]
+                est = r.get("estimated_tokens_per_s") or r.get("estimated_steps_per_s")
+                ratio, mfu = r.get("compiled_over_model"), r.get("estimated_mfu")
                 table.append([model, topology, shape, program, size, f"{used / 2**30:.2f} / {chip.hbm_bytes / 2**30:.0f}",
-                              "yes" if r["fits"] else "no", r.get("most_rows", ""), f"{r['compiled_over_model']:.2f}",
-                              f"{est:,.0f}" if est else "n/a",
-                              f"{r['estimated_mfu']:.0%}" if r["estimated_mfu"] else "n/a", f"{r['compile_s']:.0f}"])
+                              "yes" if r["fits"] else "no", r.get("most_rows", ""), f"{ratio:.2f}" if ratio else "",
+                              f"{est:,.0f}{'' if program != 'train' else ' steps'}" if est else "n/a",
+                              f"{mfu:.0%}" if mfu else "", f"{r['compile_s']:.0f}"])
     header = ["model", "topology", "mesh", "program", "rows x tokens", "HBM GiB/chip", "fits", "most rows",
-              "compiled/model FLOPs", "est. tokens/s", "est. MFU", "compile s"]
+              "compiled/model FLOPs", "est. tokens/s (train: steps/s)", "est. MFU", "compile s"]
     print(render(header, table, fmt=args.format, numeric=range(5, len(header))))
     print(f"est.: {ESTIMATED} (per chip; XLA's cost analysis of the same programs with their loops unrolled).")
     if args.json:
@@ -333,13 +341,18 @@ def _plan_parser(sub) -> None:
     p.add_argument("--topology", required=True, help="comma-separated TPU topologies as libtpu names them: v5e:2x2, "
                    "v5e:2x4, v5e:4x4, v6e:2x4, v5p:2x2x1, ...")
     p.add_argument("--mesh", default=None, help="data x model devices (default: the topology's first dimension x the rest)")
-    p.add_argument("--programs", default="score,decode", help="score and/or decode (default: both)")
+    p.add_argument("--programs", default="score,decode", help="score, decode and/or train (train-abstain's step; "
+                   "default: score,decode)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="parameters' dtype")
     p.add_argument("--rows", type=_rows, default=8, help="scoring: rows per step (default 8)")
     p.add_argument("--length", type=_whole(1, "tokens"), default=2048, help="scoring: tokens per packed row (default 2048)")
     p.add_argument("--decode-rows", type=_rows, default=64, help="decoding: rows (default 64)")
     p.add_argument("--cached", type=_whole(1, "tokens"), default=1024, help="decoding: prompt tokens in the cache (default 1024)")
     p.add_argument("--new-tokens", type=_whole(1, "tokens"), default=32, help="decoding: tokens generated (default 32)")
+    p.add_argument("--train-rows", type=_rows, default=16, help="training: prompts per update (default 16)")
+    p.add_argument("--prompt", type=_whole(1, "tokens"), default=256, help="training: prompt tokens (default 256)")
+    p.add_argument("--top-layers", type=_whole(1, "layers"), default=2, help="training: blocks trained (default 2)")
+    p.add_argument("--adapter", default="top", choices=["top", "lora"], help="training: what is trained")
     p.add_argument("--format", default="text", choices=["text", "markdown"], help="the table's format")
     p.add_argument("--json", default=None, metavar="PATH", help="also write every figure as JSON")
     p.set_defaults(func=cmd_plan)

@@ -54,21 +54,25 @@ def test_decode_program_compiles_for_v5e_with_its_cache(slice_2x2):
 
 def test_depth_scaled_cost_equals_the_whole_unrolled_program(slice_2x2):
     """c(1) + 3 (c(2) - c(1)) for four layers, against XLA's count of the four-layer program written out;
-    the rolled program's count (loop bodies once) is the control: it falls short."""
+    the rolled program's count is the control: XLA counts its loop bodies once, one layer's worth."""
     mesh, _ = slice_2x2
     c = dataclasses.replace(small_llama(layers=4), hidden_size=256, mlp_size=512, head_dim=32)
 
     def program(config, unrolled=True):
         graphdef, state = plan.abstract_model(config, mesh)
-        fn = plan._unrolled(_batch_logprobs, (0, 1, 2)) if unrolled else _batch_logprobs
-        return fn.lower(graphdef, 8192, mesh, state, *(plan._rows((2, 256), mesh) for _ in range(5))).compile()
+        fn = plan.unrolled_jit(_batch_logprobs, (0, 1, 2)) if unrolled else _batch_logprobs
+        return fn.lower(graphdef, 8192, mesh, state, *(plan.row_shapes((2, 256), mesh) for _ in range(5))).compile()
 
     scaled = plan.scaled_cost(dataclasses.replace(c, num_layers=4), lambda cfg: program(cfg))
     assert plan.layer_period(c) == 1
-    whole = plan._cost(program(c))
+    whole = plan.cost_of(program(c))
     assert scaled["flops"] == pytest.approx(whole["flops"], rel=0.01)
-    assert scaled["optimal_seconds"] == pytest.approx(whole["optimal_seconds"], rel=0.05)
-    assert plan._cost(program(c, unrolled=False))["flops"] < 0.6 * whole["flops"]
+    # seconds within 10%: the cost model schedules a whole program's layers together (6% apart at this size)
+    assert scaled["optimal_seconds"] == pytest.approx(whole["optimal_seconds"], rel=0.1)
+    # the control: XLA's count of the engine's own (rolled) program is that of one layer
+    one_layer = plan.cost_of(program(plan.truncated(c, 1)))["flops"]
+    assert plan.cost_of(program(c, unrolled=False))["flops"] == pytest.approx(one_layer, rel=0.02)
+    assert one_layer < 0.75 * whole["flops"]
 
 
 def test_gemma_layer_period_is_its_pattern_of_local_and_global_layers():
@@ -90,7 +94,7 @@ def test_unrolled_loops_compute_what_the_loops_compute(tiny):
     targets = np.roll(tokens, -1, axis=1)
     args = (tiny.graphdef, 8192, None, tiny.state, tokens, positions, segments, attend_to, targets)
     rolled = np.asarray(_batch_logprobs(*args))
-    written_out = np.asarray(plan._unrolled(_batch_logprobs, (0, 1, 2))(*args))
+    written_out = np.asarray(plan.unrolled_jit(_batch_logprobs, (0, 1, 2))(*args))
     np.testing.assert_allclose(written_out, rolled, atol=1e-5)
 
 
@@ -113,3 +117,16 @@ def test_a_topology_libtpu_does_not_know_is_one_line():
         plan.topology_mesh("v9z:2x2")
     with pytest.raises(ConfigError, match="mesh 3x1 needs 3 devices; v5e:2x2 has 4"):
         plan.topology_mesh("v5e:2x2", "3x1")
+
+
+def test_training_step_compiles_for_v5e(slice_2x2):
+    """train-abstain's update (top blocks trained, or LoRA factors) compiles for the slice, its optimizer
+    state split as its parameters are."""
+    from dcsjax.training.plan import plan_training
+    from dcsjax.training.train import TrainConfig
+
+    mesh, chip = slice_2x2
+    c = dataclasses.replace(small_llama(layers=4), hidden_size=256, mlp_size=512, head_dim=32)
+    r = plan_training(c, mesh, chip, TrainConfig(adapter="lora", batch_size=4), top_layers=2, prompt=64)
+    assert r["program"] == "train" and r["rows"] == 4 and r["fits"] and r["argument_bytes"] > 0
+    assert r["compiled_flops"] > 0 and r["estimated_seconds"] > 0 and "not measured" in r["estimate"]

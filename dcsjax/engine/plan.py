@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass
 
@@ -62,6 +63,9 @@ def topology_mesh(topology: str, mesh: str | None = None):
     kind, _, grid = topology.partition(":")
     if kind not in CHIPS or not grid:
         raise ConfigError(f"topology {topology!r}: a TPU kind ({', '.join(CHIPS)}) and a grid, such as v5e:2x4")
+    # libtpu takes a lock file for the chips of a TPU host; compiling for a topology uses no chip, so
+    # two plans (or a plan beside a TPU job) may share it
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         from jax.experimental import topologies
 
@@ -122,7 +126,7 @@ def truncated(config: DecoderConfig, layers: int) -> DecoderConfig:
                                layer_uses_rope=config.layer_uses_rope[:layers])
 
 
-def _memory(compiled) -> dict:
+def memory_of(compiled) -> dict:
     m = compiled.memory_analysis()
     return {"argument_bytes": int(m.argument_size_in_bytes), "temp_bytes": int(m.temp_size_in_bytes),
             "output_bytes": int(m.output_size_in_bytes), "code_bytes": int(m.generated_code_size_in_bytes),
@@ -136,7 +140,7 @@ def _memory(compiled) -> dict:
 UNESTIMATED_CALLS = ("ConcatBitcast",)
 
 
-def _cost(compiled) -> dict:
+def cost_of(compiled) -> dict:
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     text = compiled.as_text()
@@ -150,13 +154,13 @@ def scaled_cost(config: DecoderConfig, compile_at) -> dict:
     -> a compiled program); exact where the model is no deeper than two periods (compiled whole)."""
     p = layer_period(config)
     if config.num_layers <= 2 * p:
-        return _cost(compile_at(config))
-    one, two = _cost(compile_at(truncated(config, p))), _cost(compile_at(truncated(config, 2 * p)))
+        return cost_of(compile_at(config))
+    one, two = cost_of(compile_at(truncated(config, p))), cost_of(compile_at(truncated(config, 2 * p)))
     periods = config.num_layers / p
     return {k: one[k] + (periods - 1) * (two[k] - one[k]) for k in one}
 
 
-def _unrolled(fn, static_argnums, donate_argnums=()):
+def unrolled_jit(fn, static_argnums, donate_argnums=()):
     """A jitted function that traces `fn` (a Python function, or a jitted one's) with every loop unrolled.
     A new wrapper each time: JAX keeps traces per function, and a trace made outside `unrolled()` keeps its loops."""
     fn = getattr(fn, "__wrapped__", fn)
@@ -168,13 +172,13 @@ def _unrolled(fn, static_argnums, donate_argnums=()):
     return jax.jit(written_out, static_argnums=static_argnums, donate_argnums=donate_argnums)
 
 
-def _timed_compile(fn, *args):
+def timed_compile(fn, *args):
     start = time.perf_counter()
     compiled = fn.lower(*args).compile()
     return compiled, time.perf_counter() - start
 
 
-def _rows(shape, mesh, dtype=jnp.int32):
+def row_shapes(shape, mesh, dtype=jnp.int32):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P("data")))
 
 
@@ -191,14 +195,14 @@ def plan_scoring(config: DecoderConfig, mesh, chip: Chip, rows: int = 8, length:
 
     def lower_args(c, n):
         graphdef, state = abstract_model(c, mesh, dtype)
-        return (graphdef, vocab_chunk, mesh, state, *(_rows((n, length), mesh) for _ in range(5)))
+        return (graphdef, vocab_chunk, mesh, state, *(row_shapes((n, length), mesh) for _ in range(5)))
 
-    compiled, seconds = _timed_compile(_batch_logprobs, *lower_args(config, rows))
-    memory = _memory(compiled)
-    doubled = _memory(_timed_compile(_batch_logprobs, *lower_args(config, 2 * rows))[0])
+    compiled, seconds = timed_compile(_batch_logprobs, *lower_args(config, rows))
+    memory = memory_of(compiled)
+    doubled = memory_of(timed_compile(_batch_logprobs, *lower_args(config, 2 * rows))[0])
 
     def unrolled_program(c):
-        return _timed_compile(_unrolled(_batch_logprobs, static_argnums=(0, 1, 2)), *lower_args(c, rows))[0]
+        return timed_compile(unrolled_jit(_batch_logprobs, static_argnums=(0, 1, 2)), *lower_args(c, rows))[0]
 
     cost = scaled_cost(config, unrolled_program)
     tokens = rows * length
@@ -220,9 +224,9 @@ def plan_decode(config: DecoderConfig, mesh, chip: Chip, rows: int = 64, cached:
         raise ConfigError(f"{rows} rows do not split over the mesh's {data} data devices")
     graphdef, state = abstract_model(config, mesh, dtype)
     keys = jax.ShapeDtypeStruct((rows,), jax.random.key(0).dtype, sharding=NamedSharding(mesh, P("data")))
-    args = (graphdef, state, _rows((rows, cached), mesh), _rows((rows,), mesh), keys, new_tokens, 0.0, 1.0, (0,))
-    compiled, seconds = _timed_compile(_decode, *args)
-    memory = _memory(compiled)
+    args = (graphdef, state, row_shapes((rows, cached), mesh), row_shapes((rows,), mesh), keys, new_tokens, 0.0, 1.0, (0,))
+    compiled, seconds = timed_compile(_decode, *args)
+    memory = memory_of(compiled)
     slots = cached + new_tokens
     cache_bytes = 2 * config.num_layers * rows * slots * config.num_kv_heads * config.head_dim * jnp.dtype(dtype).itemsize
 
@@ -230,8 +234,8 @@ def plan_decode(config: DecoderConfig, mesh, chip: Chip, rows: int = 64, cached:
         g, s = abstract_model(c, mesh, dtype)
         cache = jax.ShapeDtypeStruct((c.num_layers, rows, slots, c.num_kv_heads, c.head_dim), dtype,
                                      sharding=NamedSharding(mesh, P(None, "data")))
-        return _timed_compile(_unrolled(_decode_step, static_argnums=(0,), donate_argnums=(4, 5)), g, s, _rows((rows,), mesh),
-                              _rows((rows,), mesh), cache, cache)[0]
+        return timed_compile(unrolled_jit(_decode_step, static_argnums=(0,), donate_argnums=(4, 5)), g, s, row_shapes((rows,), mesh),
+                              row_shapes((rows,), mesh), cache, cache)[0]
 
     cost = scaled_cost(config, step_program)
     model_flops = config.flops_per_token(mean_context=cached + new_tokens / 2) * rows / mesh.size
