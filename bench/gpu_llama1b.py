@@ -7,6 +7,11 @@ depend on the values). Meant to finish in under 5 minutes on an H200-class GPU.
     python bench/gpu_llama1b.py            # on the accelerator
     python bench/gpu_llama1b.py --small    # tiny configs, to check the script on a CPU
 
+Beside what it measures, the record holds XLA's own estimate for this device of a packed scoring step
+(`dcsjax.engine.plan.plan_scoring`, the cost model `dcsjax plan` reads for TPU): 16 fully packed rows of
+1,024 tokens, the shape of the "long 700-1000" workload's batches, so that the first run on a device
+measures the estimate's error.
+
 Prints a table and writes bench/results/gpu-llama1b-<time>.json.
 """
 
@@ -64,6 +69,7 @@ def main(argv=None) -> None:
     if args.small:
         workloads = [(name, min(lo, 1100), min(hi, 1200), 8, 4) for name, lo, hi, _, _ in workloads]
     for model_name, config in models.items():
+        rows.append(xla_estimate(model_name, config, device, peak, small=args.small))
         model = Decoder(config, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
         for name, lo, hi, n_texts, batch_size in workloads:
             ids = [list(rng.integers(1, config.vocab_size, rng.integers(lo, hi + 1))) for _ in range(n_texts)]
@@ -119,6 +125,25 @@ def main(argv=None) -> None:
     path = write_record(args.out, "gpu-llama1b", {"bf16_matmul_tflops": peak,
                                                   "config": "small" if args.small else "1B shapes", "rows": rows}, args)
     print(path)
+
+
+def xla_estimate(model_name: str, config: DecoderConfig, device, peak_tflops: float, small: bool) -> dict:
+    """XLA's cost model for this device on a packed scoring step (its estimate, never a measurement)."""
+    from dcsjax.engine.plan import Chip, plan_scoring
+    from dcsjax.nn.sharding import MESH_AXES
+
+    mesh = jax.make_mesh((1, 1), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=[device])
+    limit = (device.memory_stats() or {}).get("bytes_limit", 0) if hasattr(device, "memory_stats") else 0
+    chip = Chip(device.device_kind, int(limit), peak_tflops * 1e12)  # the peak measured in this run
+    rows, length = (4, 256) if small else (16, 1024)
+    r = plan_scoring(config, mesh, chip, rows=rows, length=length, dtype=jnp.bfloat16)
+    est = r["estimated_tokens_per_s"]
+    print(f"  {model_name:20s} XLA's estimate, {rows} x {length} packed: "
+          f"{f'{est:10.0f} tok/s' if est else 'no seconds from this backend'}; compiled/model FLOPs "
+          f"{r['compiled_over_model']:.2f}", flush=True)
+    return {"model": model_name, "workload": f"XLA's estimate: {rows} x {length} packed rows",
+            **{k: r[k] for k in ("compiled_flops", "model_flops", "compiled_over_model", "estimated_seconds",
+                                 "estimated_tokens_per_s", "estimated_mfu", "estimate")}}
 
 
 if __name__ == "__main__":

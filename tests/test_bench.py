@@ -50,6 +50,10 @@ def test_gpu_script_small_config_on_cpu(tmp_path):
     result = run(["bench/gpu_llama1b.py", "--small"], tmp_path)
     scoring = [r for r in result["rows"] if "tokens_per_s" in r]
     assert len(scoring) == 8 and all(r["tokens_per_s"] > 0 for r in scoring)
+    # XLA's estimate beside each model's measurements: its FLOPs are the model's (the seconds may be absent
+    # on a backend whose cost model gives none)
+    estimates = [r for r in result["rows"] if r["workload"].startswith("XLA's estimate")]
+    assert len(estimates) == 2 and all(0.9 < r["compiled_over_model"] < 1.5 for r in estimates)
     assert {r["attention"] for r in scoring} == {"dense", "blockwise"}  # long rows take the blockwise path
     assert [r["generated_tokens_per_s"] > 0 for r in result["rows"] if "generation" in r["workload"]] == [True] * 2
 
