@@ -89,6 +89,12 @@ def test_over_long_and_non_utf8_items_are_error_records_while_the_rest_is_scored
     long_errors = [e for e in errors if e["where"] == "long"]
     assert [e["error"].split(":")[0] for e in long_errors] == ["dcs", "qa-ppl"]
     assert all(re.search(r"has 9\d\d\d tokens; .* exceeds the 8192-token limit", e["error"]) for e in long_errors)
+    # another protocol's run, and a rerun of one of them, keep every protocol's error records
+    evaluate(tmp_path / "out", [f"jsonl:{path}"], ["mcqa"], limit=None)
+    evaluate(tmp_path / "out", [f"jsonl:{path}"], ["dcs"], limit=None)
+    again = read_errors(tmp_path / "out" / MODEL / "bad")
+    assert sorted(map(str, again)) == sorted(map(str, errors + [e for e in again if e["error"].startswith("mcqa")]))
+    assert len([e for e in again if e["where"] == "long"]) == 3
 
 
 def test_an_empty_file_gives_null_not_nan(tmp_path):

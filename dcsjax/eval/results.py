@@ -3,7 +3,8 @@
     OUTPUT/.lock                               held by the one process that writes here
     OUTPUT/summary.json                        one row per (model, task, protocol), merged, written atomically
     OUTPUT/<model>/<task>/<protocol>.jsonl     one record per item, appended and fsynced as they finish
-    OUTPUT/<model>/<task>/errors.jsonl         items that could not be scored, with where and why
+    OUTPUT/<model>/<task>/errors.jsonl         items that could not be loaded, with where and why
+    OUTPUT/<model>/<task>/<protocol>.errors.jsonl  items that protocol could not score (its latest attempt)
     OUTPUT/<model>/<task>/fingerprints.json    fingerprint -> the settings it stands for
 
 Every record carries the fingerprint of what made it: the model (file checksum, card, dtype, document
@@ -54,12 +55,18 @@ def records_path(output: Path, model: str, task_slug: str, protocol: str) -> Pat
     return task_folder(output, model, task_slug) / f"{protocol}.jsonl"
 
 
+def protocol_errors_path(output: Path, model: str, task_slug: str, protocol: str) -> Path:
+    """The items `protocol` could not score, a file per protocol: a run of one protocol never rewrites
+    another's (a failed item is retried by the next run of its protocol, which starts this file anew)."""
+    return task_folder(output, model, task_slug) / f"{protocol}.{ERRORS}.jsonl"
+
+
 def result_files(root: Path) -> Iterable[tuple[str, str, str, Path]]:
     """(model, task, protocol, path) of every records file of the results layout under `root`
     (ROOT/model/task/protocol.jsonl, beside the fingerprints.json its writer kept); any other .jsonl file
     there (a copy put aside, notes) is skipped with a warning naming it, never read as a model or protocol."""
     for path in sorted(Path(root).glob("*/*/*.jsonl")):
-        if path.stem == ERRORS:
+        if path.stem == ERRORS or path.stem.endswith(f".{ERRORS}"):
             continue
         why = _not_records(path)
         if why is None:
@@ -193,8 +200,10 @@ def read_records(path: Path, report: ReadReport | None = None) -> list[dict]:
 
 
 def read_errors(folder: Path) -> list[dict]:
-    """A task's error records ({"where", "error"}); an item may fail under several protocols."""
-    return read_jsonl(Path(folder) / f"{ERRORS}.jsonl", key=None)
+    """A task's error records ({"where", "error"}): the items that could not be loaded, then each protocol's
+    that could not be scored; an item may fail under several protocols."""
+    paths = [Path(folder) / f"{ERRORS}.jsonl", *sorted(Path(folder).glob(f"*.{ERRORS}.jsonl"))]
+    return [e for path in paths for e in read_jsonl(path, key=None)]
 
 
 def model_facts(root: Path, model: str) -> dict:
@@ -386,6 +395,10 @@ class ResultsWriter:
 
     def append(self, path: Path, records: list[dict]) -> None:
         append_jsonl(path, records)
+
+    def forget(self, path: Path) -> None:
+        """Remove a file the run is about to write anew (a protocol's errors, whose items it retries)."""
+        path.unlink(missing_ok=True)
 
     def write_errors(self, folder: Path, errors: list[dict]) -> None:
         """A task's error records, rewritten whole (they are recomputed from the source each run)."""

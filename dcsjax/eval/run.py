@@ -300,6 +300,9 @@ def _score_protocol(config: EvalConfig, card, protocol: str, ctx, task: dict, it
     if state["error"]:
         raise results.ResultsError(state["error"])
     done = set(state["done"])
+    errors_path = results.protocol_errors_path(config.output, scorer.name, card.slug, protocol)
+    if lead:
+        writer.forget(errors_path)  # its items are not among the records: they are tried again below
     todo = sorted((i for i in items if i.id not in done), key=length_hint)
     start = time.perf_counter()
     bar = _bar(config.progress and lead, len(items), len(items) - len(todo), f"{scorer.name} {card.name} {protocol}")
@@ -313,7 +316,7 @@ def _score_protocol(config: EvalConfig, card, protocol: str, ctx, task: dict, it
         scoring_errors += failed
         if lead:
             writer.append(path, [{**r, "fingerprint": fingerprint} for r in gathered if "error" not in r])
-            writer.append(results.task_folder(config.output, scorer.name, card.slug) / "errors.jsonl", failed)
+            writer.append(errors_path, failed)
         bar.update(len(part))
     bar.close()
     if not lead:
