@@ -214,3 +214,21 @@ def test_an_instruct_model_without_a_chat_template_is_refused_naming_how_to_give
             evaluate(tmp_path / protocol, protocols=(protocol,), scorer=bare)
     as_base = tiny_scorer(tokenizer=tokenizer, variant="base")
     assert values(evaluate(tmp_path / "base", protocols=("dcs-letters",), scorer=as_base))
+
+
+@pytest.mark.parametrize("broken", ["summary.json", "fingerprints.json"])
+def test_a_broken_summary_or_fingerprints_file_is_named_before_any_scoring(tmp_path, broken):
+    task = write_jsonl(tmp_path / "items.jsonl", ITEMS)
+    out = tmp_path / "out"
+    evaluate(out, [task], ["mcqa"], limit=None)
+    target = out / "summary.json" if broken == "summary.json" else out / MODEL / "items" / "fingerprints.json"
+    target.write_text('{"rows": [')  # cut short
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"}
+
+    class NoScoring:  # a scorer that fails if the run gets as far as scoring
+        def __getattr__(self, name):
+            raise AssertionError(f"scored ({name}) despite a broken {broken}")
+
+    with pytest.raises(ResultsError, match=re.escape(str(target)) + ": not a"):
+        evaluate(out, [task], ["mcqa", "dcs"], limit=None, scorer=NoScoring())
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"} == before

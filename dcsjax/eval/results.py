@@ -232,6 +232,20 @@ def read_summary(output: Path) -> dict:
     return summary
 
 
+def check_readable(output: Path) -> None:
+    """The JSON files a run reads back (summary.json, each task's fingerprints.json), parsed before any
+    scoring: a broken one is named now, not after an hour of scoring."""
+    read_summary(output)
+    for path in sorted(Path(output).glob(f"*/*/{FINGERPRINTS}")):
+        try:
+            known = json.loads(path.read_text())
+            if not isinstance(known, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ResultsError(f"{path}: not a fingerprints file ({err}); the records beside it cannot be "
+                               "resumed without it: restore it, or move the folder away to score anew") from err
+
+
 # ------------------------------------------------------------------------------------------------ writing
 def json_safe(obj: Any) -> Any:
     """NaN and infinities become null: the files stay valid JSON for every reader."""
@@ -350,6 +364,11 @@ class ResultsWriter:
 
     def __enter__(self) -> "ResultsWriter":
         self._lock.__enter__()
+        try:
+            check_readable(self.output)
+        except BaseException:
+            self._lock.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
