@@ -232,3 +232,18 @@ def test_a_broken_summary_or_fingerprints_file_is_named_before_any_scoring(tmp_p
     with pytest.raises(ResultsError, match=re.escape(str(target)) + ": not a"):
         evaluate(out, [task], ["mcqa", "dcs"], limit=None, scorer=NoScoring())
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"} == before
+
+
+def test_temporary_files_a_killed_run_left_are_removed_by_the_next(tmp_path):
+    task = write_jsonl(tmp_path / "items.jsonl", ITEMS)
+    out = tmp_path / "out"
+    first = values(evaluate(out, [task], ["mcqa"], limit=None))
+    folder = out / MODEL / "items"
+    # what a kill between a write and its rename leaves (write_text_atomic's names)
+    left = [out / ".summary.json.k1ll3d", folder / ".fingerprints.json.a8c2x1", folder / ".errors.jsonl.q0z9w2"]
+    for path in left:
+        path.write_text("{half a file")
+    with pytest.warns(UserWarning, match="a temporary file a stopped run left"):
+        assert values(evaluate(out, [task], ["mcqa"], limit=None)) == first
+    assert not any(path.exists() for path in left)
+    assert sorted(p.name for p in folder.iterdir()) == ["errors.jsonl", "fingerprints.json", "mcqa.jsonl"]

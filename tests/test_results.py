@@ -96,11 +96,10 @@ def test_summary_write_is_atomic(tmp_path, monkeypatch):
         writer.update_summary([row("t1", "aps", 0.5)])
         before = (tmp_path / "summary.json").read_bytes()
 
-        def dies_halfway(obj, f, **kwargs):
-            f.write('{"rows": [{"model": "m", "ta')
-            raise KeyboardInterrupt  # as a kill would, halfway through the file
+        def dies_before_the_rename(fd):
+            raise KeyboardInterrupt  # as a kill would, the new text written but not yet in place
 
-        monkeypatch.setattr(results.json, "dump", dies_halfway)
+        monkeypatch.setattr(results.os, "fsync", dies_before_the_rename)
         with pytest.raises(KeyboardInterrupt):
             writer.update_summary([row("t1", "aps", 0.9)])
     assert (tmp_path / "summary.json").read_bytes() == before

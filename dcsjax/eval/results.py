@@ -262,19 +262,35 @@ def json_safe(obj: Any) -> Any:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write to a temporary file beside `path`, fsync, rename: a reader sees the old file or the new one."""
+    write_text_atomic(path, json.dumps(json_safe(obj), indent=1, allow_nan=False) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`text` into a temporary file `.NAME.<random>` beside `path`, fsynced, renamed over it. A kill between
+    the two leaves the temporary file, which the next run removes (`remove_temporaries`)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; a results file is as readable as any other
         with os.fdopen(fd, "w") as f:
-            json.dump(json_safe(obj), f, indent=1, allow_nan=False)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def remove_temporaries(output: Path) -> list[Path]:
+    """The temporary files a killed run left beside summary.json, fingerprints.json and errors.jsonl, removed
+    (called with the folder's lock held, so no writer is between its write and its rename)."""
+    output = Path(output)
+    stray = [*output.glob(f".{SUMMARY}.*"), *output.glob(f"*/*/.{FINGERPRINTS}.*"), *output.glob(f"*/*/.{ERRORS}.jsonl.*")]
+    for path in stray:
+        path.unlink(missing_ok=True)
+        warnings.warn(f"{path}: removed, a temporary file a stopped run left", stacklevel=2)
+    return stray
 
 
 def _umask() -> int:
@@ -366,6 +382,7 @@ class ResultsWriter:
         self._lock.__enter__()
         try:
             check_readable(self.output)
+            remove_temporaries(self.output)
         except BaseException:
             self._lock.__exit__(None, None, None)
             raise
@@ -422,10 +439,7 @@ class ResultsWriter:
     def write_errors(self, folder: Path, errors: list[dict]) -> None:
         """A task's error records, rewritten whole (they are recomputed from the source each run)."""
         self._mkdir(folder)
-        path = folder / f"{ERRORS}.jsonl"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(json.dumps(json_safe(e)) + "\n" for e in errors))
-        os.replace(tmp, path)
+        write_text_atomic(folder / f"{ERRORS}.jsonl", "".join(json.dumps(json_safe(e)) + "\n" for e in errors))
 
     def update_summary(self, rows: list[dict], run: dict | None = None) -> dict:
         """Merge rows into summary.json by (model, task, protocol): a new row replaces the old one of its
