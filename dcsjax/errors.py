@@ -1,5 +1,8 @@
 """Errors a user can act on. Each message names the file, item or key at fault."""
 
+import contextlib
+import errno
+
 
 class DcsjaxError(Exception):
     """Base class for every error dcsjax raises on purpose."""
@@ -20,6 +23,27 @@ class CheckpointError(DcsjaxError):
 
 class ConfigError(DcsjaxError):
     """A model config holds an attribute the code does not implement."""
+
+
+class DiskError(DcsjaxError, OSError):
+    """A write the file system refused (full, over quota, read-only, a file too large, no permission)."""
+
+
+DISK_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is used up",
+               errno.EFBIG: "the file is too large for its file system", errno.EROFS: "a read-only file system",
+               errno.EACCES: "no permission to write there", errno.EPERM: "no permission to write there"}
+
+
+@contextlib.contextmanager
+def writing(path, what: str = "what was written before is kept; run the same command again once there is room"):
+    """Turn the file system's refusals while writing `path` into one line naming it, its reason and `what`
+    the user can do (instead of a traceback from deep in a write)."""
+    try:
+        yield
+    except OSError as err:
+        if isinstance(err, DcsjaxError) or err.errno not in DISK_ERRORS:
+            raise
+        raise DiskError(f"{path}: {DISK_ERRORS[err.errno]} ({errno.errorcode[err.errno]}); {what}") from err
 
 
 class InputError(DcsjaxError, ValueError):

@@ -6,7 +6,9 @@ This is bookkeeping, not what the weights say: the runs score with the tiny rand
 tokenizer and card; `conftest.tiny_scorer`), whose compiles and forward passes cost a fraction of the real
 model's."""
 
+import errno
 import json
+import os
 import re
 import warnings
 
@@ -15,7 +17,7 @@ import pytest
 from conftest import scorer_for, tiny_scorer
 from dcsjax.analysis.report import write_report
 from dcsjax.cli import main
-from dcsjax.errors import ConfigError
+from dcsjax.errors import ConfigError, DiskError
 from dcsjax.eval.run import run_eval
 from dcsjax.eval.results import ResultsError, read_errors, read_records
 
@@ -247,3 +249,45 @@ def test_temporary_files_a_killed_run_left_are_removed_by_the_next(tmp_path):
         assert values(evaluate(out, [task], ["mcqa"], limit=None)) == first
     assert not any(path.exists() for path in left)
     assert sorted(p.name for p in folder.iterdir()) == ["errors.jsonl", "fingerprints.json", "mcqa.jsonl"]
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS])
+def test_a_refused_write_is_one_line_naming_the_file_and_keeps_what_was_written(tmp_path, monkeypatch, code):
+    """The file system refusing a records write mid-run (full disk, quota, a file too large, read-only):
+    one line naming the file and the reason, the records written before kept, and the same command resumes."""
+    from dcsjax.eval import results
+
+    task = write_jsonl(tmp_path / "items.jsonl", ITEMS)
+    out = tmp_path / "out"
+    whole = values(evaluate(tmp_path / "whole", [task], ["mcqa"], limit=None))
+    real, writes = results.os.fsync, []
+
+    def refuses_the_second_write(fd):  # of the records file
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("mcqa.jsonl"):
+            writes.append(fd)
+            if len(writes) == 2:
+                raise OSError(code, os.strerror(code))
+        real(fd)
+
+    monkeypatch.setattr(results.os, "fsync", refuses_the_second_write)
+    with pytest.raises(DiskError) as err:
+        evaluate(out, [task], ["mcqa"], limit=None, chunk=2, max_chunk=2)
+    message = str(err.value)
+    records = out / MODEL / "items" / "mcqa.jsonl"
+    assert message.startswith(f"{records}: ") and errno.errorcode[code] in message and "\n" not in message
+    assert len(read_records(records)) >= 2  # the first write's records stay (the refused one may have reached the file)
+    monkeypatch.undo()
+    assert values(evaluate(out, [task], ["mcqa"], limit=None)) == whole
+
+
+def test_a_read_only_cache_is_one_line_saying_where_to_cache(tmp_path, monkeypatch):
+    from dcsjax.checkpoints import paths
+
+    monkeypatch.setenv("DCSJAX_CACHE", str(tmp_path / "cache"))
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    monkeypatch.setattr(paths.Path, "mkdir", read_only)
+    with pytest.raises(DiskError, match=rf"^{tmp_path}/cache: a read-only file system \(EROFS\); .*set DCSJAX_CACHE"):
+        paths.cache_dir()

@@ -16,8 +16,8 @@ import zipfile
 from pathlib import Path
 
 from dcsjax.checkpoints.cards import ModelCard, model_card
-from dcsjax.errors import CheckpointError, FetchError
-from dcsjax.checkpoints.paths import cache_dir, cache_lock
+from dcsjax.errors import CheckpointError, FetchError, writing
+from dcsjax.checkpoints.paths import CACHE_HINT, cache_dir, cache_lock
 
 
 def sha256_file(path: Path) -> str:
@@ -57,6 +57,11 @@ def fetch_model(name: str, quiet: bool = False) -> Path:
 
 def _fetch_model(card: ModelCard, quiet: bool) -> Path:
     target = model_dir(card) / card.file
+    with writing(target, CACHE_HINT):
+        return _assemble(card, target, quiet)
+
+
+def _assemble(card: ModelCard, target: Path, quiet: bool) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         wheels = _download_wheels(card, Path(tmp), quiet)

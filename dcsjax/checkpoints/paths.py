@@ -7,7 +7,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from dcsjax.errors import writing
+
 CACHE_ENV = "DCSJAX_CACHE"
+CACHE_HINT = f"models and data are cached there: set {CACHE_ENV} to a folder with room that you can write"
 
 
 def cache_dir() -> Path:
@@ -16,7 +19,8 @@ def cache_dir() -> Path:
         root = Path(os.environ[CACHE_ENV])
     else:
         root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dcsjax"
-    root.mkdir(parents=True, exist_ok=True)
+    with writing(root, CACHE_HINT):
+        root.mkdir(parents=True, exist_ok=True)
     return root
 
 
@@ -28,8 +32,10 @@ def cache_lock(name: str) -> Iterator[None]:
     import fcntl
 
     path = cache_dir() / "locks" / f"{name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
+    with writing(path, CACHE_HINT):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a")
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

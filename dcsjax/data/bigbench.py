@@ -43,6 +43,14 @@ def fetch_bigbench(quiet: bool = False) -> Path:
 
 
 def _fetch_bigbench(root: Path, done: Path, quiet: bool) -> Path:
+    from dcsjax.checkpoints.paths import CACHE_HINT
+    from dcsjax.errors import writing
+
+    with writing(root, CACHE_HINT):
+        return _unpack_bigbench(root, done, quiet)
+
+
+def _unpack_bigbench(root: Path, done: Path, quiet: bool) -> Path:
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root.parent) as tmp:
         if not quiet:

@@ -33,7 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-from dcsjax.errors import DcsjaxError
+from dcsjax.errors import DcsjaxError, writing
 
 SUMMARY = "summary.json"
 LOCK = ".lock"
@@ -269,6 +269,11 @@ def write_text_atomic(path: Path, text: str) -> None:
     """`text` into a temporary file `.NAME.<random>` beside `path`, fsynced, renamed over it. A kill between
     the two leaves the temporary file, which the next run removes (`remove_temporaries`)."""
     path = Path(path)
+    with writing(path):
+        _write_then_rename(path, text)
+
+
+def _write_then_rename(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; a results file is as readable as any other
@@ -313,7 +318,7 @@ def append_jsonl(path: Path, records: list[dict]) -> None:
     """Append whole lines and fsync: a kill loses at most the line being written."""
     if not records:
         return
-    with Path(path).open("a") as f:
+    with writing(path), Path(path).open("a") as f:
         for r in records:
             f.write(json.dumps(json_safe(r), allow_nan=False) + "\n")
         f.flush()
