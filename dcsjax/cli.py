@@ -384,7 +384,11 @@ def cmd_lm_eval(argv: list[str]) -> int:
         print("dcsjax: error: `dcsjax lm-eval` needs lm-evaluation-harness: pip install 'dcsjax[lm-eval]'",
               file=sys.stderr)
         return 2
-    return harness_main(argv)
+    try:
+        return harness_main(argv)
+    except DcsjaxError as err:  # the backend's own errors (--model_args, the model) as one line, as elsewhere
+        print(f"dcsjax: error: {err}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:

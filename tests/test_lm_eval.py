@@ -179,3 +179,13 @@ def test_unknown_model_args_are_named():
 
     with pytest.raises(ConfigError, match="no model_args \\['temprature'\\]"):
         DcsjaxLM(pretrained="smollm2-135m-instruct", temprature=0.5)
+
+
+def test_lm_eval_command_line_names_a_bad_model_arg_in_one_line(capsys, monkeypatch):
+    from dcsjax.cli import main
+
+    monkeypatch.chdir(ROOT)
+    assert main(["lm-eval", "--model", "dcsjax", "--model_args", "pretrained=smollm2-135m-instruct,temprature=0.5",
+                 "--tasks", "dcsjax_mc", "--include_path", str(TASKS_DIR)]) == 2
+    err = capsys.readouterr().err
+    assert "dcsjax: error: " in err and "temprature" in err and "Traceback" not in err
