@@ -83,3 +83,20 @@ def test_broken_directories(tmp_path):
     (bad / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="broken JSON"):
         dcsjax.load(bad)
+
+
+def test_a_missing_shard_is_named_before_any_tensor_is_read(tmp_path):
+    """An index naming two shards, one of them not downloaded: the error names the missing file."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from dcsjax.checkpoints.hf_dir import hf_tensors
+
+    directory = tmp_path / "sharded"
+    directory.mkdir()
+    save_file({"a": np.zeros(2, np.float32)}, str(directory / "model-00001-of-00002.safetensors"))
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {
+        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    with pytest.raises(CheckpointError, match="names 2 shards; missing: model-00002-of-00002.safetensors"):
+        next(hf_tensors(directory))
