@@ -291,3 +291,25 @@ def test_a_read_only_cache_is_one_line_saying_where_to_cache(tmp_path, monkeypat
     monkeypatch.setattr(paths.Path, "mkdir", read_only)
     with pytest.raises(DiskError, match=rf"^{tmp_path}/cache: a read-only file system \(EROFS\); .*set DCSJAX_CACHE"):
         paths.cache_dir()
+
+
+def test_odd_file_names_get_a_folder_of_their_own(tmp_path):
+    """`...jsonl` (stem `..`) and `.hidden.jsonl` would name the model's folder's parent and a hidden folder:
+    their results go to `__` and `_hidden`."""
+    out = tmp_path / "out"
+    tasks = [write_jsonl(tmp_path / "...jsonl", ITEMS), write_jsonl(tmp_path / ".hidden.jsonl", ITEMS),
+             write_jsonl(tmp_path / "a b&c.jsonl", ITEMS)]
+    summary = evaluate(out, tasks, ["mcqa"], limit=None)
+    assert [r["n"] for r in summary["rows"]] == [len(ITEMS)] * 3
+    assert sorted(p.name for p in (out / MODEL).iterdir()) == ["__", "_hidden", "a-b-c"]
+    assert sorted(p.name for p in out.iterdir()) == [".lock", MODEL, "summary.json"]
+
+
+def test_two_files_of_one_name_in_one_run_are_refused_before_the_model_loads(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = write_jsonl(tmp_path / "a" / "items.jsonl", ITEMS)
+    second = write_jsonl(tmp_path / "b" / "items.jsonl", ITEMS)
+    with pytest.raises(ConfigError, match=r"tasks .*a/items.jsonl, .*b/items.jsonl would share the results folder 'items'"):
+        run_eval("no-such-model", [first, second], ["mcqa"], tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

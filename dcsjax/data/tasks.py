@@ -12,6 +12,8 @@ perplexity protocols rank:
 
 from __future__ import annotations
 
+import re
+
 import tomllib
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -43,7 +45,11 @@ class BenchmarkCard:
 
     @property
     def slug(self) -> str:
-        return self.name.replace("/", "-").replace(":", "-")
+        """The task's folder name under a model's results: its name with every character but letters, digits,
+        `.`, `_` and `-` as `-`, and leading dots as `_` (a file `...jsonl` gives `__`, never `..`, the
+        parent folder; `.hidden.jsonl` gives `_hidden`, a visible folder)."""
+        slug = re.sub(r"[^\w.-]", "-", self.name) or "-"
+        return re.sub(r"^\.+", lambda m: "_" * len(m.group()), slug)
 
 
 def benchmark_cards() -> dict[str, BenchmarkCard]:

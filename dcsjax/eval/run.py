@@ -193,6 +193,17 @@ def run_eval(model: str, tasks: Sequence[str], protocols: Sequence[str], output:
     return evaluate(EvalConfig(model, tuple(tasks), tuple(protocols), Path(output), **settings), scorer)
 
 
+def _check_unique_folders(cards) -> None:
+    """Two tasks of one run may not share a results folder (two files `a/items.jsonl`, `b/items.jsonl`)."""
+    by_slug: dict[str, list[str]] = {}
+    for card in cards:
+        by_slug.setdefault(card.slug, []).append(card.source)
+    clashes = {slug: sources for slug, sources in by_slug.items() if len(set(sources)) > 1}
+    if clashes:
+        raise ConfigError("; ".join(f"tasks {', '.join(sources)} would share the results folder {slug!r}"
+                                    for slug, sources in clashes.items()) + ": rename a file, or run them apart")
+
+
 def evaluate(config: EvalConfig, scorer=None) -> dict:
     """Plan (which protocol runs on which task, checked before the model loads), then per task and protocol
     resume and score (`_score_protocol`), then the merged summary. scorer: an already loaded model (else
@@ -209,6 +220,7 @@ def evaluate(config: EvalConfig, scorer=None) -> dict:
         raise ConfigError("no task given: name one or more, comma-separated (--tasks)")
     fewshot.check(config.protocols, config.num_fewshot)
     cards = [resolve_task(task) for task in config.tasks]
+    _check_unique_folders(cards)
     plan, skipped = _plan(config, cards)
     lead = distributed.rank() == 0  # the process that reads and writes the files
     writer = results.ResultsWriter(config.output, config.replace_stale) if lead else contextlib.nullcontext()
