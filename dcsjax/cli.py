@@ -362,16 +362,24 @@ def cmd_export_lm_eval(args) -> int:
     from pathlib import Path
 
     from dcsjax.eval.results import write_json_atomic
-    from dcsjax.lmeval.export import to_lm_eval
+    from dcsjax.lmeval.export import models, to_lm_eval
 
+    stamp = time.strftime('%Y-%m-%dT%H-%M-%S')
     try:
-        exported = to_lm_eval(Path(args.results))
+        held = models(Path(args.results))
+        if not held:
+            raise ValueError(f"{args.results}: summary.json holds no results")
+        exported = {model: to_lm_eval(Path(args.results), model) for model in held}
     except (OSError, ValueError) as err:
         print(f"dcsjax: error: {err}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else Path(args.results) / f"results_{time.strftime('%Y-%m-%dT%H-%M-%S')}.json"
-    write_json_atomic(out, exported)
-    print(f"{len(exported['results'])} task x protocol results in lm-eval's schema: {out}")
+    # as lm-eval lays out its own: OUT/<model>/results_<date>.json, one file per model
+    out = Path(args.out) if args.out else Path(args.results)
+    for model, results in exported.items():
+        path = out / results["model_name_sanitized"] / f"results_{stamp}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, results)
+        print(f"{model}: {len(results['results'])} task x protocol results in lm-eval's schema: {path}")
     return 0
 
 
@@ -472,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("export-lm-eval", help="a results folder's summary in lm-evaluation-harness's results schema "
                        "(`\"acc,none\"` keys), for the dashboards that read lm-eval's results files")
     p.add_argument("results", metavar="RESULTS_DIR")
-    p.add_argument("--out", default=None, help="default RESULTS_DIR/results_<date>.json, as lm-eval names its files")
+    p.add_argument("--out", default=None, help="a folder: OUT/<model>/results_<date>.json, one per model, as lm-eval "
+                   "lays out its own (default RESULTS_DIR)")
     p.set_defaults(func=cmd_export_lm_eval)
     sub.add_parser("lm-eval", help="lm-evaluation-harness's command line with `--model dcsjax` registered "
                    "(every argument is lm-eval's; needs the lm-eval extra)", add_help=False)

@@ -313,3 +313,26 @@ def test_two_files_of_one_name_in_one_run_are_refused_before_the_model_loads(tmp
     with pytest.raises(ConfigError, match=r"tasks .*a/items.jsonl, .*b/items.jsonl would share the results folder 'items'"):
         run_eval("no-such-model", [first, second], ["mcqa"], tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_lm_eval_export_of_several_models_and_a_limit_rerun_reads_what_each_summary_row_read(tmp_path):
+    """Two models in one results folder export one lm-eval file each; after runs with --limit 3, 6, then 3
+    again, the standard error is that of the 3 items the summary row holds, not of the 6 in the file."""
+    import numpy as np
+
+    task = write_jsonl(tmp_path / "items.jsonl", ITEMS + [{**r, "id": f"r{i}"} for i, r in enumerate(ITEMS)])
+    out = tmp_path / "out"
+    for name in ("tiny-a", "tiny-b"):
+        scorer = tiny_scorer(name=name)
+        for limit in (3, 6, 3):
+            evaluate(out, [task], ["mcqa"], limit=limit, scorer=scorer)
+    assert main(["export-lm-eval", str(out), "--out", str(tmp_path / "lm")]) == 0
+    for name in ("tiny-a", "tiny-b"):
+        (path,) = (tmp_path / "lm" / name).glob("results_*.json")
+        exported = json.loads(path.read_text())
+        assert exported["model_name_sanitized"] == name and exported["results"]["items_mcqa"]["sample_len"] == 3
+        records = read_records(out / name / "items" / "mcqa.jsonl")
+        assert len(records) == 6
+        first = [float(r["correct"]["sum"]) for r in records if r["id"] in ("q1", "q2", "q3")]
+        assert exported["results"]["items_mcqa"]["acc_stderr,none"] == pytest.approx(
+            np.std(first, ddof=1) / np.sqrt(3))

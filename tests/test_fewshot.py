@@ -104,8 +104,8 @@ def test_a_run_exported_to_lm_eval_passes_its_schema_and_table(fewshot_run, tmp_
     from dcsjax.cli import main
 
     out, mcqa, _ = fewshot_run
-    target = tmp_path / "results.json"
-    assert main(["export-lm-eval", str(out), "--out", str(target)]) == 0
+    assert main(["export-lm-eval", str(out), "--out", str(tmp_path)]) == 0
+    (target,) = (tmp_path / "smollm2-135m-instruct").glob("results_*.json")  # lm-eval's layout: a folder per model
     exported = json.loads(target.read_text())
     TypeAdapter(EvalResults).validate_python(exported)
     table = make_table(exported)

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from dcsjax.eval import results
 from dcsjax.errors import ConfigError, InputError, stop_point
 from dcsjax.metrics.bootstrap import mean_ci
@@ -365,8 +367,10 @@ def summary_row(model: str, task: str, protocol: str, records: list[dict], error
     metrics = summarise(protocol, records)
     values = headline_values(protocol, records)
     low, high = mean_ci(values)[1:] if len(values) else (None, None)  # the headline's 95% interval over items
+    # the sample standard error of the per-item headline values, as lm-eval reports it (its export reads it here)
+    stderr = float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else None
     return {"model": model, "task": task, "protocol": protocol, "n": len(records), "errors": errors,
-            "metric": next(iter(metrics)), "value": next(iter(metrics.values())), "ci95": [low, high],
+            "metric": next(iter(metrics)), "value": next(iter(metrics.values())), "ci95": [low, high], "stderr": stderr,
             "metrics": metrics, "positions": position_report(records), "warnings": idk_warnings(metrics, low, high),
             "lc": lc, "lw": lw, "fingerprint": fingerprint, "settings": settings, "seconds": round(seconds, 2)}
 

@@ -6,7 +6,10 @@ under lm-eval's `"metric,filter"` keys (filter `none`). The accuracies lm-eval u
 names: the headline accuracy is `acc` (MCQA-LL's summed log-likelihood), MCQA-LL's length-normalised
 accuracy (by characters, as lm-eval's) is `acc_norm`; the others keep dcsjax's names (`dcs`, `coverage`...).
 The headline's standard error is the sample standard error of the per-item values, as lm-eval computes
-it; other metrics carry none (lm-eval's schema types a metric as a number, so no "N/A" is written).
+it, over exactly the records the summary row was made from (the row keeps it: a later run with another
+`--limit` adds records to the file, never to the row); other metrics carry none (lm-eval's schema types a
+metric as a number, so no "N/A" is written). lm-eval writes one results file per model: a folder of several
+models exports one per model (`models`, `to_lm_eval(output, model)`).
 """
 
 from __future__ import annotations
@@ -14,22 +17,32 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 
-from dcsjax.eval.results import read_records, read_summary, records_path
+from dcsjax.eval.results import read_summary
 
 RENAMED = {"accuracy": "acc", "accuracy_sum": "acc", "accuracy_char": "acc_norm"}
 # lm-eval's higher_is_better per metric: True unless named here (None: neither direction is better)
 HIGHER_IS_BETTER = {"parse_failures": False, "idk_spread": False, "ppl_delta": None, "abstention": None, "p_idk": None}
 
 
-def to_lm_eval(output: Path) -> dict:
-    """The results dict lm-eval's `simple_evaluate` would return, for the runs in a dcsjax output folder."""
-    from dcsjax.eval.run import headline_values
+def models(output: Path) -> list[str]:
+    """The models a results folder's summary holds rows of, in their first row's order."""
+    return list(dict.fromkeys(row["model"] for row in read_summary(Path(output)).get("rows", [])))
 
+
+def to_lm_eval(output: Path, model: str | None = None) -> dict:
+    """The results dict lm-eval's `simple_evaluate` would return for one model's rows of a dcsjax output
+    folder (`model` may be left out where the folder holds one)."""
     summary = read_summary(Path(output))
     if not summary.get("rows"):
         raise ValueError(f"{output}: summary.json holds no results")
+    held = models(output)
+    if model is None and len(held) > 1:
+        raise ValueError(f"{output}: results of {len(held)} models ({', '.join(held)}); name one")
+    model = model or held[0]
+    if model not in held:
+        raise ValueError(f"{output}: no results of {model!r} ({', '.join(held)})")
+    summary = {**summary, "rows": [row for row in summary["rows"] if row["model"] == model]}
     runs = summary.get("runs", {})
     out: dict = {"results": {}, "group_subtasks": {}, "configs": {}, "versions": {}, "n-shot": {},
                  "higher_is_better": {}, "n-samples": {}}
@@ -46,10 +59,8 @@ def to_lm_eval(output: Path) -> dict:
             metrics[f"{metric},none"] = float(value)
             better[metric] = HIGHER_IS_BETTER.get(key, True)
         headline = RENAMED.get(row["metric"], row["metric"])
-        records = read_records(records_path(Path(output), row["model"], _slug(row["task"]), row["protocol"]))
-        values = np.asarray(headline_values(row["protocol"], [r for r in records if "error" not in r]), float)
-        if len(values) > 1:
-            metrics[f"{headline}_stderr,none"] = float(values.std(ddof=1) / np.sqrt(len(values)))
+        if row.get("stderr") is not None:
+            metrics[f"{headline}_stderr,none"] = float(row["stderr"])
         out["results"][name] = metrics
         out["higher_is_better"][name] = better
         out["versions"][name] = row["fingerprint"]  # what made the records: model, task, settings, code
@@ -63,7 +74,6 @@ def to_lm_eval(output: Path) -> dict:
     last = runs.get(summary["rows"][-1].get("run"), {})
     identity = last.get("model_identity") or {}
     versions = last.get("versions") or {}
-    model = summary["rows"][-1]["model"]
     out["config"] = {"model": "dcsjax", "model_args": f"pretrained={last.get('model', model)}",
                      "model_dtype": str(last.get("dtype", "float32")), "model_sha": str(identity.get("sha256", "")),
                      "batch_size": str(last.get("batch_size")), "limit": last.get("limit"),
@@ -79,12 +89,3 @@ def to_lm_eval(output: Path) -> dict:
     out["total_evaluation_time_seconds"] = f"{seconds:.2f}"
     out["dcsjax"] = {"versions": versions, "model_identity": identity}  # lm-eval's readers ignore unknown keys
     return out
-
-
-def _slug(task: str) -> str:
-    from dcsjax.data.tasks import resolve_task
-
-    try:
-        return resolve_task(task).slug
-    except Exception:  # a task whose card is gone: its folder is named after it
-        return task
