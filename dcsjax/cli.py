@@ -285,7 +285,7 @@ def cmd_plan(args) -> int:
     import jax.numpy as jnp
 
     from dcsjax.engine.load import load_config
-    from dcsjax.engine.plan import ESTIMATED, plan_decode, plan_scoring, topology_mesh
+    from dcsjax.engine.plan import ESTIMATED, topology_mesh
     from dcsjax.eval.tables import render
 
     programs = _names(args.programs)
@@ -299,22 +299,19 @@ def cmd_plan(args) -> int:
             mesh, chip = topology_mesh(topology, args.mesh)
             shape = f"{mesh.shape['data']}x{mesh.shape['model']}"
             for program in programs:
-                if program == "score":
-                    r = plan_scoring(config, mesh, chip, args.rows, args.length, dtype)
-                    size = f"{r['rows']} x {r['length']}"
-                elif program == "decode":
-                    r = plan_decode(config, mesh, chip, args.decode_rows, args.cached, args.new_tokens, dtype)
-                    size = f"{r['rows']} x {r['cached']}+{r['new_tokens']}"
-                else:
-                    from dcsjax.training.plan import plan_training
-                    from dcsjax.training.train import TrainConfig
-
-                    r = plan_training(config, mesh, chip, TrainConfig(adapter=args.adapter, batch_size=args.train_rows),
-                                      args.top_layers, args.prompt, dtype=dtype)
-                    size = f"{r['rows']} x {r['length']}"
+                try:
+                    r = _plan_program(program, config, mesh, chip, args, dtype)
+                except Exception as err:  # a program the compiler refuses: its row says why, the others go on
+                    r = {"program": program, "error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+                    print(f"dcsjax plan: {model} {topology} {program}: {r['error']}", file=sys.stderr)
+                size = {"score": f"{args.rows} x {args.length}", "decode": f"{args.decode_rows} x {args.cached}+"
+                        f"{args.new_tokens}", "train": f"{args.train_rows} x {args.prompt}"}[program]
                 r = {"model": model, "config": source, "topology": topology, "chip": chip.name, "mesh": shape,
                      "dtype": args.dtype, **r}
                 rows.append(r)
+                if "error" in r:
+                    table.append([model, topology, shape, program, size, "error (see above)", *[""] * 6])
+                    continue
                 used = r["argument_bytes"] + r["temp_bytes"] + r["code_bytes"]
                 est = r.get("estimated_tokens_per_s") or r.get("estimated_steps_per_s")
                 ratio, mfu = r.get("compiled_over_model"), r.get("estimated_mfu")
@@ -330,7 +327,21 @@ def cmd_plan(args) -> int:
         from pathlib import Path
 
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
-    return 0
+    return 1 if any("error" in r for r in rows) else 0
+
+
+def _plan_program(program: str, config, mesh, chip, args, dtype) -> dict:
+    from dcsjax.engine.plan import plan_decode, plan_scoring
+
+    if program == "score":
+        return plan_scoring(config, mesh, chip, args.rows, args.length, dtype)
+    if program == "decode":
+        return plan_decode(config, mesh, chip, args.decode_rows, args.cached, args.new_tokens, dtype)
+    from dcsjax.training.plan import plan_training
+    from dcsjax.training.train import TrainConfig
+
+    return plan_training(config, mesh, chip, TrainConfig(adapter=args.adapter, batch_size=args.train_rows),
+                         args.top_layers, args.prompt, dtype=dtype)
 
 
 def _plan_parser(sub) -> None:

@@ -130,3 +130,17 @@ def test_training_step_compiles_for_v5e(slice_2x2):
     r = plan_training(c, mesh, chip, TrainConfig(adapter="lora", batch_size=4), top_layers=2, prompt=64)
     assert r["program"] == "train" and r["rows"] == 4 and r["fits"] and r["argument_bytes"] > 0
     assert r["compiled_flops"] > 0 and r["estimated_seconds"] > 0 and "not measured" in r["estimate"]
+
+
+def test_a_program_larger_than_the_chip_is_reported_not_raised(slice_2x2):
+    """libtpu refuses to compile a program whose temporaries exceed a chip's HBM: the plan reads what it
+    says the program needs and reports it as not fitting."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh, _ = slice_2x2
+    x = plan.jax.ShapeDtypeStruct((100_000,), plan.jnp.float32, sharding=NamedSharding(mesh, P()))
+    outer = plan.jax.jit(lambda v: plan.jnp.sort(v[:, None] * v[None, :], axis=0)[0])  # a 40 GB temporary
+    compiled, memory, _ = plan.compile_memory(outer, x)
+    assert compiled is None and "RESOURCE_EXHAUSTED" in memory["refused"]
+    assert memory["temp_bytes"] > 16 * 2**30 and memory["argument_bytes"] == 400_000

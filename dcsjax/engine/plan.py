@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import time
 from dataclasses import dataclass
 
@@ -178,6 +179,30 @@ def timed_compile(fn, *args):
     return compiled, time.perf_counter() - start
 
 
+# libtpu refuses to compile a program whose buffers exceed the chip's HBM, saying how much it needed
+_REFUSED = re.compile(r"RESOURCE_EXHAUSTED.*?HLO temporaries \(([\d.]+)([KMGT]?)\)", re.S)
+
+
+def compile_memory(fn, *args) -> tuple[object | None, dict, float]:
+    """(the compiled program or None, its memory per chip, compile seconds). Where the compiler refuses the
+    program for want of HBM, the memory is what it said the temporaries need (`refused`: its message), the
+    arguments their shapes' share on the largest device."""
+    start = time.perf_counter()
+    try:
+        compiled = fn.lower(*args).compile()
+    except jax.errors.JaxRuntimeError as err:
+        match = _REFUSED.search(str(err))
+        if not match:
+            raise
+        scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[match.group(2)]
+        arguments = sum(math.prod(a.sharding.shard_shape(a.shape)) * jnp.dtype(a.dtype).itemsize
+                        for a in jax.tree.leaves(args) if isinstance(a, jax.ShapeDtypeStruct))
+        memory = {"argument_bytes": int(arguments), "temp_bytes": int(float(match.group(1)) * scale), "output_bytes": 0,
+                  "code_bytes": 0, "alias_bytes": 0, "refused": str(err).splitlines()[0][:300]}
+        return None, memory, time.perf_counter() - start
+    return compiled, memory_of(compiled), time.perf_counter() - start
+
+
 def row_shapes(shape, mesh, dtype=jnp.int32):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P("data")))
 
@@ -197,20 +222,28 @@ def plan_scoring(config: DecoderConfig, mesh, chip: Chip, rows: int = 8, length:
         graphdef, state = abstract_model(c, mesh, dtype)
         return (graphdef, vocab_chunk, mesh, state, *(row_shapes((n, length), mesh) for _ in range(5)))
 
-    compiled, seconds = timed_compile(_batch_logprobs, *lower_args(config, rows))
-    memory = memory_of(compiled)
-    doubled = memory_of(timed_compile(_batch_logprobs, *lower_args(config, 2 * rows))[0])
+    _, memory, seconds = compile_memory(_batch_logprobs, *lower_args(config, rows))
+    doubled = compile_memory(_batch_logprobs, *lower_args(config, 2 * rows))[1]
 
-    def unrolled_program(c):
-        return timed_compile(unrolled_jit(_batch_logprobs, static_argnums=(0, 1, 2)), *lower_args(c, rows))[0]
-
-    cost = scaled_cost(config, unrolled_program)
+    # FLOPs and seconds grow in proportion to the rows (rows of one length): where the written-out program of
+    # `rows` does not fit a chip, it is compiled for fewer (down to one row per data device) and scaled
+    cost_rows = rows
+    while True:
+        try:
+            cost = scaled_cost(config, lambda c: timed_compile(unrolled_jit(_batch_logprobs, static_argnums=(0, 1, 2)),
+                                                               *lower_args(c, cost_rows))[0])
+            break
+        except jax.errors.JaxRuntimeError as err:
+            if not _REFUSED.search(str(err)) or cost_rows <= data:
+                raise
+            cost_rows = max(data, cost_rows // 2 // data * data)
+    cost = {k: v * rows / cost_rows for k, v in cost.items()}
     tokens = rows * length
     model_flops = config.flops_per_token(mean_context=(length + 1) / 2) * tokens / mesh.size
     params = bytes_per_chip(abstract_model(config, mesh, dtype)[1])
     return {"program": "score", "rows": rows, "length": length, "tokens": tokens, "params_bytes": params,
             **memory, **_fit(memory, doubled, rows, data, chip), **_speed(cost, model_flops, tokens, chip),
-            "compile_s": round(seconds, 1)}
+            "cost_rows": cost_rows, "compile_s": round(seconds, 1)}
 
 
 def plan_decode(config: DecoderConfig, mesh, chip: Chip, rows: int = 64, cached: int = 1024, new_tokens: int = 32,
@@ -225,8 +258,7 @@ def plan_decode(config: DecoderConfig, mesh, chip: Chip, rows: int = 64, cached:
     graphdef, state = abstract_model(config, mesh, dtype)
     keys = jax.ShapeDtypeStruct((rows,), jax.random.key(0).dtype, sharding=NamedSharding(mesh, P("data")))
     args = (graphdef, state, row_shapes((rows, cached), mesh), row_shapes((rows,), mesh), keys, new_tokens, 0.0, 1.0, (0,))
-    compiled, seconds = timed_compile(_decode, *args)
-    memory = memory_of(compiled)
+    _, memory, seconds = compile_memory(_decode, *args)
     slots = cached + new_tokens
     cache_bytes = 2 * config.num_layers * rows * slots * config.num_kv_heads * config.head_dim * jnp.dtype(dtype).itemsize
 
@@ -241,8 +273,8 @@ def plan_decode(config: DecoderConfig, mesh, chip: Chip, rows: int = 64, cached:
     model_flops = config.flops_per_token(mean_context=cached + new_tokens / 2) * rows / mesh.size
     return {"program": "decode", "rows": rows, "cached": cached, "new_tokens": new_tokens,
             "params_bytes": bytes_per_chip(state), "kv_cache_bytes_per_chip": cache_bytes // mesh.size, **memory,
-            "fits": memory["argument_bytes"] + memory["temp_bytes"] + memory["code_bytes"] <= chip.hbm_bytes,
-            **_speed(cost, model_flops, rows, chip), "compile_s": round(seconds, 1)}
+            "fits": "refused" not in memory and memory["argument_bytes"] + memory["temp_bytes"] + memory["code_bytes"]
+            <= chip.hbm_bytes, **_speed(cost, model_flops, rows, chip), "compile_s": round(seconds, 1)}
 
 
 def _decode_step(graphdef, state, tokens, positions, cache_k, cache_v):
@@ -261,7 +293,7 @@ def _fit(memory: dict, doubled: dict, rows: int, data: int, chip: Chip) -> dict:
                   1) / rows
     fixed = used - per_row * rows
     most = int((chip.hbm_bytes - fixed) // per_row) // data * data if chip.hbm_bytes > fixed else 0
-    return {"hbm_bytes": chip.hbm_bytes, "fits": used <= chip.hbm_bytes, "most_rows": most}
+    return {"hbm_bytes": chip.hbm_bytes, "fits": "refused" not in memory and used <= chip.hbm_bytes, "most_rows": most}
 
 
 def _speed(cost: dict, model_flops: float, tokens: int, chip: Chip) -> dict:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from dcsjax.engine.plan import Chip, ESTIMATED, cost_of, memory_of, timed_compile, unrolled_jit
+from dcsjax.engine.plan import Chip, ESTIMATED, compile_memory, cost_of, timed_compile, unrolled_jit
 from dcsjax.nn.config import DecoderConfig
 from dcsjax.nn.decoder import layer_param_shapes
 from dcsjax.nn.sharding import partition_spec
@@ -61,13 +61,12 @@ def plan_training(config: DecoderConfig, mesh, chip: Chip, cfg: TrainConfig = Tr
     start = jax.ShapeDtypeStruct((a, b, k), F32, sharding=rows)
     step = jax.ShapeDtypeStruct((), F32, sharding=NamedSharding(mesh, P()))
     args = (config, cfg, optimizer, trainable, opt_state, base, embedding, batch, start, step)
-    compiled, seconds = timed_compile(_train_step, *args)
+    _, memory, seconds = compile_memory(_train_step, *args)
     cost = cost_of(timed_compile(unrolled_jit(_train_step, static_argnums=(0, 1, 2)), *args)[0])
-    memory = memory_of(compiled)
     used = memory["argument_bytes"] + memory["temp_bytes"] + memory["code_bytes"]
     ok = cost["optimal_seconds"] > 0
     return {"program": "train", "rows": b * a, "length": prompt, "top_layers": top_layers, "adapter": cfg.adapter,
-            **memory, "hbm_bytes": chip.hbm_bytes, "fits": used <= chip.hbm_bytes,
+            **memory, "hbm_bytes": chip.hbm_bytes, "fits": "refused" not in memory and used <= chip.hbm_bytes,
             "compiled_flops": cost["flops"], "bytes_accessed": cost["bytes_accessed"],
             "estimated_seconds": cost["optimal_seconds"] if ok else None,
             "estimated_steps_per_s": 1 / cost["optimal_seconds"] if ok else None, "estimate": ESTIMATED,
