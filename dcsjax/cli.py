@@ -81,6 +81,8 @@ def cmd_eval(args) -> int:
         from dcsjax.engine.distributed import initialize
 
         initialize(args.coordinator, args.num_processes, args.process_id)
+    if _names(args.tasks) == ["list"]:
+        return cmd_tasks(args)
     start = time.perf_counter()
     summary = run_eval(args.model, _names(args.tasks), _names(args.protocols or ",".join(DEMO_PROTOCOLS)), Path(args.output),
                        limit=args.limit, threshold=args.threshold, batch_size=args.batch_size, dtype=args.dtype,
@@ -95,6 +97,23 @@ def cmd_eval(args) -> int:
     if jax.process_index() == 0:
         print(format_table(summary, args.format))
         print(f"\n{time.perf_counter() - start:.0f} s; per-item results and summary.json under {args.output}")
+    if summary["rows"] and all(r["n"] == 0 and r["errors"] for r in summary["rows"]):
+        print(f"dcsjax: error: every item failed; the reasons are in {args.output}/<model>/<task>/*errors.jsonl",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_tasks(args) -> int:
+    from dcsjax.data.tasks import benchmark_cards
+
+    rows = [[c.name, c.source, c.statements or "-", "yes" if c.idk_choice else "-"]
+            for c in benchmark_cards().values()]
+    from dcsjax.eval.tables import render
+
+    print(render(["task", "source", "APS statements", "own IDK option"], rows))
+    print("\nalso: bigbench:<task> (any BIG-bench multiple-choice task), jsonl:<file> (your own items, one JSON "
+          "object a line)")
     return 0
 
 
@@ -418,12 +437,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["lm-eval"]:  # every later argument is lm-eval's own (its parser reads them)
         return cmd_lm_eval(argv[1:])
     parser = argparse.ArgumentParser(prog="dcsjax", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"dcsjax {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("fetch", help="download and verify models (or `bigbench`) into the cache")
     p.add_argument("models", nargs="+", metavar="MODEL")
     p.set_defaults(func=cmd_fetch)
     p = sub.add_parser("models", help="list the model cards")
     p.set_defaults(func=cmd_models)
+    p = sub.add_parser("tasks", help="list the benchmark cards (the names --tasks takes)")
+    p.set_defaults(func=cmd_tasks)
     p = sub.add_parser("score", help="token log-probs and perplexity of texts (arguments or stdin lines)")
     p.add_argument("--model", default=DEMO_MODEL, help=MODEL_HELP)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -432,10 +454,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("texts", nargs="*")
     p.set_defaults(func=cmd_score)
     for name, help_text in [("eval", "score a model on benchmarks under every protocol"),
-                            ("demo", f"the embedded default: {DEMO_MODEL} on five BIG-bench tasks, all protocols")]:
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("--model", default=DEMO_MODEL, help=MODEL_HELP)
-        p.add_argument("--tasks", default=",".join(DEMO_TASKS))
+                            ("demo", f"the embedded default: {DEMO_MODEL} on {len(DEMO_TASKS)} BIG-bench tasks, "
+                                     f"every protocol, {DEMO_LIMIT} items each")]:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        demo = name == "demo"
+        p.add_argument("--model", required=not demo, default=DEMO_MODEL if demo else None,
+                       help=MODEL_HELP + (f" (default {DEMO_MODEL})" if demo else ""))
+        p.add_argument("--tasks", required=not demo, default=",".join(DEMO_TASKS) if demo else None,
+                       help="comma-separated: benchmark cards (`dcsjax tasks` lists them; `--tasks list` too), "
+                            "bigbench:<task>, jsonl:<file>" + (f" (default {','.join(DEMO_TASKS)})" if demo else ""))
         p.add_argument("--protocols", default=None, help=f"default {','.join(DEMO_PROTOCOLS)}, each where the task "
                        "allows it (named ones must run on every task); " + "; ".join(
                            f"{name}: {protocol.help}" for name, protocol in _protocols().items()))
@@ -452,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--limit", type=_positive_int, default=DEMO_LIMIT if name == "demo" else None,
                        help="the first N items of each task")
         p.add_argument("--threshold", type=_threshold, default=None, help="DCS loadings lc = 1, lw = t / (1 - t)")
-        p.add_argument("--output", default="results")
+        p.add_argument("--output", "--out", default="results",
+                       help="results folder: per-item records, summary.json (default results)")
         p.add_argument("--num-fewshot", type=_whole(0, "exemplars"), default=0, metavar="K",
                        help="K solved exemplars before each question (mcqa and apx only: pass --protocols mcqa,apx), "
                             "drawn per item from the task's other items, seeded by --seed; each record names them")
@@ -466,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
                             "run" + (" (always on for demo)" if name == "demo" else ""))
         p.add_argument("--statements", default=None,
                        help="APS statements from `dcsjax statements generate`; only the items it holds are scored")
-        p.add_argument("--batch-size", type=_rows, default=16)
+        p.add_argument("--batch-size", type=_rows, default=16,
+                       help="rows per batch (default 16); scores do not depend on it")
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                        help="parameter dtype; log-probs are float32 either way")
         p.add_argument("--mesh", default=None, help="DATAxMODEL devices, e.g. 2x4 (default: one device)")
@@ -514,6 +543,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dcsjax")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def _main_thread() -> bool:

@@ -21,15 +21,15 @@ def test_models_fetch_score(capsys):
 @pytest.mark.slow
 def test_eval_prints_a_table(capsys, tmp_path):
     """The README's main job, on one task and a few items (`dcsjax demo` runs seven tasks)."""
-    assert main(["eval", "--tasks", "known_unknowns", "--protocols", "qa-ppl,dcs", "--limit", "4",
-                 "--output", str(tmp_path)]) == 0
+    assert main(["eval", "--model", "smollm2-135m-instruct", "--tasks", "known_unknowns", "--protocols", "qa-ppl,dcs",
+                 "--limit", "4", "--output", str(tmp_path)]) == 0
     captured = capsys.readouterr()
     assert "known_unknowns  dcs" in captured.out and "95% CI" in captured.out
     assert "known_unknowns dcs" in captured.err  # the progress bar
     assert (tmp_path / "summary.json").exists()
     # the same results as a Markdown table (the records are reused: nothing is scored again)
-    assert main(["eval", "--tasks", "known_unknowns", "--protocols", "qa-ppl,dcs", "--limit", "4",
-                 "--output", str(tmp_path), "--format", "markdown"]) == 0
+    assert main(["eval", "--model", "smollm2-135m-instruct", "--tasks", "known_unknowns", "--protocols", "qa-ppl,dcs",
+                 "--limit", "4", "--out", str(tmp_path), "--format", "markdown"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| model ") and lines[1].startswith("|---") and "| known_unknowns " in lines[2]
 
@@ -43,3 +43,19 @@ def test_console_script_is_installed():
     script = shutil.which("dcsjax") or str(__import__("pathlib").Path(sys.executable).parent / "dcsjax")
     proc = subprocess.run([script, "models"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "gemma3-270m" in proc.stdout
+
+
+def test_eval_needs_model_and_tasks_and_lists_tasks(capsys):
+    """`dcsjax eval` runs nothing by default (`demo` is the embedded default); `--tasks list` and `dcsjax tasks`
+    list the cards; `--version` says which dcsjax."""
+
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "--limit", "3"])
+    assert stop.value.code == 2 and "required: --model, --tasks" in capsys.readouterr().err
+    assert main(["eval", "--model", "smollm2-135m-instruct", "--tasks", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert main(["tasks"]) == 0 and capsys.readouterr().out == listed
+    assert "known_unknowns" in listed and "hub:allenai/ai2_arc" in listed and "jsonl:<file>" in listed
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out.startswith("dcsjax ")

@@ -148,7 +148,8 @@ def cli_error(capsys, *args) -> str:
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-    out = ["--output", str(tmp_path / "out")]
+    model = ["--model", MODEL, "--output", str(tmp_path / "out")]
+    out = [*model, "--tasks", "known_unknowns"]
     assert "--limit: must be a whole number of items, at least 1, not '0'" in cli_error(capsys, "eval", "--limit", "0", *out)
     assert "not '-3'" in cli_error(capsys, "eval", "--limit", "-3", *out)
     assert "--seed: must be a whole number of seed values (numpy's generators take no negative seed), at least 0, " \
@@ -157,7 +158,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
         assert f"--batch-size: must be a whole number of rows, at least 1, not '{rows}'" in \
             cli_error(capsys, "eval", "--batch-size", rows, *out)
     assert "dcsjax: error: no task given: name one or more, comma-separated (--tasks)" in \
-        cli_error(capsys, "eval", "--tasks", ",", *out)
+        cli_error(capsys, "eval", "--tasks", ",", *model)
     assert "strictly between 0 and 1, not '1.5'" in cli_error(capsys, "eval", "--threshold", "1.5", *out)
     assert "dcsjax: error: unknown protocol 'nope'; known: aps, qa-ppl, mcqa" in \
         cli_error(capsys, "eval", "--protocols", "dcs,nope", *out)
@@ -165,7 +166,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
         cli_error(capsys, "eval", "--mesh", "banana", "--limit", "1", *out)
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert f"dcsjax: error: cannot write to {blocker}/out" in cli_error(capsys, "eval", "--output", str(blocker / "out"))
+    assert f"dcsjax: error: cannot write to {blocker}/out" in cli_error(capsys, "eval", "--model", MODEL, "--tasks",
+                                                                        "known_unknowns", "--output", str(blocker / "out"))
     rows = tmp_path / "stmts.jsonl"
     rows.write_text(json.dumps({"id": "x", "choices": ["a", "b"], "statements": ["A.", "B."]}) + "\n")
     assert f"dcsjax: error: {rows}:1: not a statements row: missing field question" in \
@@ -336,3 +338,14 @@ def test_lm_eval_export_of_several_models_and_a_limit_rerun_reads_what_each_summ
         first = [float(r["correct"]["sum"]) for r in records if r["id"] in ("q1", "q2", "q3")]
         assert exported["results"]["items_mcqa"]["acc_stderr,none"] == pytest.approx(
             np.std(first, ddof=1) / np.sqrt(3))
+
+
+def test_a_run_whose_every_item_failed_exits_non_zero(tmp_path, capsys, monkeypatch):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "question": "?", "choices": "not a list", "answer": 0}\n')
+    import dcsjax
+
+    monkeypatch.setattr(dcsjax, "load", lambda *a, **k: tiny_scorer())  # the run's `dcsjax.load`
+    code = main(["eval", "--model", MODEL, "--tasks", f"jsonl:{bad}", "--protocols", "mcqa",
+                 "--output", str(tmp_path / "out")])
+    assert code == 1 and "every item failed" in capsys.readouterr().err
