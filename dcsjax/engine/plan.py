@@ -195,7 +195,7 @@ def compile_memory(fn, *args) -> tuple[object | None, dict, float]:
         if not match:
             raise
         scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[match.group(2)]
-        arguments = sum(math.prod(a.sharding.shard_shape(a.shape)) * jnp.dtype(a.dtype).itemsize
+        arguments = sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
                         for a in jax.tree.leaves(args) if isinstance(a, jax.ShapeDtypeStruct))
         memory = {"argument_bytes": int(arguments), "temp_bytes": int(float(match.group(1)) * scale), "output_bytes": 0,
                   "code_bytes": 0, "alias_bytes": 0, "refused": str(err).splitlines()[0][:300]}
