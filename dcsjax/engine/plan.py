@@ -152,13 +152,17 @@ def cost_of(compiled) -> dict:
 
 def scaled_cost(config: DecoderConfig, compile_at) -> dict:
     """XLA's cost of the whole depth from unrolled programs of one and two layer periods (`compile_at(config)`
-    -> a compiled program); exact where the model is no deeper than two periods (compiled whole)."""
+    -> a compiled program); exact where the model is no deeper than two periods (compiled whole). Also the
+    split: `per_layer` (a period's cost over its layers) and `outside` (embedding, output head, log-softmax:
+    what is not in the blocks), which say where the time goes."""
     p = layer_period(config)
     if config.num_layers <= 2 * p:
         return cost_of(compile_at(config))
     one, two = cost_of(compile_at(truncated(config, p))), cost_of(compile_at(truncated(config, 2 * p)))
     periods = config.num_layers / p
-    return {k: one[k] + (periods - 1) * (two[k] - one[k]) for k in one}
+    per_layer = {k: (two[k] - one[k]) / p for k in one}
+    return {**{k: one[k] + (periods - 1) * (two[k] - one[k]) for k in one},
+            "per_layer": per_layer, "outside": {k: one[k] - p * per_layer[k] for k in one}}
 
 
 def unrolled_jit(fn, static_argnums, donate_argnums=()):
@@ -237,13 +241,14 @@ def plan_scoring(config: DecoderConfig, mesh, chip: Chip, rows: int = 8, length:
             if not _REFUSED.search(str(err)) or cost_rows <= data:
                 raise
             cost_rows = max(data, cost_rows // 2 // data * data)
-    cost = {k: v * rows / cost_rows for k, v in cost.items()}
+    scale = rows / cost_rows
+    cost = {k: ({kk: vv * scale for kk, vv in v.items()} if isinstance(v, dict) else v * scale) for k, v in cost.items()}
     tokens = rows * length
     model_flops = config.flops_per_token(mean_context=(length + 1) / 2) * tokens / mesh.size
     params = bytes_per_chip(abstract_model(config, mesh, dtype)[1])
     return {"program": "score", "rows": rows, "length": length, "tokens": tokens, "params_bytes": params,
             **memory, **_fit(memory, doubled, rows, data, chip), **_speed(cost, model_flops, tokens, chip),
-            "cost_rows": cost_rows, "compile_s": round(seconds, 1)}
+            **_where_the_time_goes(cost, chip), "cost_rows": cost_rows, "compile_s": round(seconds, 1)}
 
 
 def plan_decode(config: DecoderConfig, mesh, chip: Chip, rows: int = 64, cached: int = 1024, new_tokens: int = 32,
@@ -294,6 +299,20 @@ def _fit(memory: dict, doubled: dict, rows: int, data: int, chip: Chip) -> dict:
     fixed = used - per_row * rows
     most = int((chip.hbm_bytes - fixed) // per_row) // data * data if chip.hbm_bytes > fixed else 0
     return {"hbm_bytes": chip.hbm_bytes, "fits": "refused" not in memory and used <= chip.hbm_bytes, "most_rows": most}
+
+
+def _where_the_time_goes(cost: dict, chip: Chip) -> dict:
+    """Per chip: one layer's and the rest's (embedding, head, log-softmax) estimated seconds and the share of
+    the chip's peak their FLOPs reach in them."""
+    if "per_layer" not in cost:
+        return {}
+    out = {}
+    for part in ("per_layer", "outside"):
+        c = cost[part]
+        out[f"{part}_seconds"] = c["optimal_seconds"]
+        out[f"{part}_flops"] = c["flops"]
+        out[f"{part}_share_of_peak"] = c["flops"] / (c["optimal_seconds"] * chip.bf16_flops) if c["optimal_seconds"] > 0 else None
+    return out
 
 
 def _speed(cost: dict, model_flops: float, tokens: int, chip: Chip) -> dict:
