@@ -145,7 +145,8 @@ def test_aps_is_skipped_and_named_where_asked(tmp_path):
 
 def test_sequence_dcs_under_each_idk_phrasing_against_direct_continuation_scores():
     """Each record's pIDK under each phrasing and normalisation, recomputed from `score_continuations`
-    (each continuation scored on its own): the headline takes IDK as the sum of the phrasings."""
+    (each continuation scored on its own): the headline's pIDK is one phrasing's (paper 000's one abstention
+    response: the first), the set of phrasings ("any") a companion."""
     scorer = scorer_for("smollm2-135m-instruct")
     items = load_task(resolve_task("general_knowledge"))[0][:3]
     ctx = context(scorer, "general_knowledge")
@@ -162,9 +163,18 @@ def test_sequence_dcs_under_each_idk_phrasing_against_direct_continuation_scores
                 full = np.append(opt, idk_score)
                 p = np.exp(full - np.logaddexp.reduce(full))
                 assert record["idk_sensitivity"][norm][name][1] == pytest.approx(p[-1], abs=2e-5), (norm, name)
-        assert record["p_idk"] == pytest.approx(record["idk_sensitivity"]["sum"]["any"][1], abs=1e-6)
+        assert record["p_idk"] == pytest.approx(record["idk_sensitivity"]["sum"][ctx.idk_phrasings[0]][1], abs=1e-6)
+        assert record["p_idk"] < record["idk_sensitivity"]["sum"]["any"][1]
     metrics = protocols.get("dcs").summarise(records)
     assert set(metrics["dcs_by_idk"]) == {"any", *ctx.idk_phrasings} and metrics["idk_spread"] >= 0
+
+    # an item with an IDK option of its own (known_unknowns' "Unknown"): that option is the headline's IDK
+    item = load_task(resolve_task("known_unknowns"))[0][0]
+    (record,) = protocols.score(protocols.get("dcs"), context(scorer, "known_unknowns"), [item], "source", 0)
+    question = f"Question: {item.question}\nAnswer:"
+    texts = [" " + c for c in item.choices]  # the item's own options, its IDK option among them
+    ll = scorer.score_continuations([question] * len(texts), texts)
+    assert record["p_idk"] == pytest.approx(float(np.exp(ll[item.idk] - np.logaddexp.reduce(ll))), abs=2e-5)
 
 
 def test_order_free_protocols_give_the_same_scores_shuffled():

@@ -532,8 +532,10 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
         "each letter, and the best constant answer (always that letter) on the same presentations: a score "
         "near it is what a letter preference alone gives.", "", positions_table(positions), "",
         "## Sequence DCS under each IDK phrasing", "",
-        "Mean DCS (mean pIDK) with IDK worded each way (summed log-likelihoods; 'any' = the sum of the phrasings' "
-        "probabilities, the headline), and with IDK = 'any' under each normalisation.", "", idk_table(idk), "",
+        "Mean DCS (mean pIDK) with IDK worded each way (summed log-likelihoods; the headline takes the item's own "
+        "IDK option, else the first phrasing, as paper 000's one abstention response; 'any' = the sum of the "
+        "phrasings' probabilities, a companion that always sits nearest 0), and with IDK = 'any' under each "
+        "normalisation.", "", idk_table(idk), "",
         "## Every metric", "", markdown_table(rows), "",
     ]
     summary = out / "summary.md"

@@ -5,10 +5,13 @@ Two elicitations:
   "I don't know" as one more continuation. Its pIDK depends on how IDK is worded and normalised: summed
   log-likelihoods favour short phrasings, per-token ones favour long predictable ones (0.97 for any
   phrasing on SmolLM2). So every record carries DCS and pIDK under each phrasing of `IDK_PHRASINGS` and
-  under each normalisation (sum, per token, per byte). The headline takes IDK as the *set* of phrasings,
-  its probability the sum of theirs, under summed log-likelihoods: the only normalisation that is a
-  probability of the text, and a class that does not hinge on one wording. The summary shows the spread
-  and warns where a single phrasing moves the task's DCS outside its interval.
+  under each normalisation (sum, per token, per byte). The headline is paper 000's: pIDK the probability
+  of one abstention response, the item's own IDK option where it has one (known_unknowns' "Unknown"), else
+  the first phrasing, under summed log-likelihoods (the only normalisation that is a probability of the
+  text). The set of phrasings as one class (`any`, their summed probability) is a companion: its pIDK is
+  at least each phrasing's, so its |DCS| is at most the smallest single phrasing's and it always sits
+  nearest 0. The summary shows the spread and warns where another phrasing moves the task's DCS outside
+  its interval.
 - `dcs-letters`: the options lettered in the prompt, IDK as a lettered option like the others, and the
   next-token probabilities of the letters renormalised over them (`letter_mass` keeps their share).
 """
@@ -94,16 +97,18 @@ def run_dcs_sequences(scorer, items: Sequence[Item], lc: float = 1.0, lw: float 
     for norm in IDK_NORMALISATIONS:
         for name in [ANY_PHRASING, *phrasings]:
             variants[norm, name] = []
+    headline = []  # paper 000's pIDK: one IDK response, the item's own option or else the first phrasing
     for item, a, ps, lps, texts, k in zip(items, answers, idk_texts, per_token, conts, idk_index):
         scores = {norm: v for norm, v in normalised(lps, texts).items() if norm in IDK_NORMALISATIONS}
         for norm, s in scores.items():
             options, idk_scores = s[:len(a)], s[len(a):]
             by_text = dict(zip([p.strip().casefold() for p in ps], idk_scores))
+            if norm == "sum":
+                headline.append(softmax(np.insert(options, k, idk_scores[0])))
             for name in [ANY_PHRASING, *phrasings]:
                 idk_score = logsumexp(idk_scores) if name == ANY_PHRASING else by_text[name.strip().casefold()]
                 full = np.insert(options, k, idk_score)  # IDK back at its index among the options
                 variants[norm, name].append(softmax(full))
-    headline = variants["sum", ANY_PHRASING]
     sensitivity = {key: _parts(items, probs, idk_index, lc, lw) for key, probs in variants.items()}
     extra = [{"idk_phrasings": ps, "idk_sensitivity": {
         norm: {name: [round(float(sensitivity[norm, name]["dcs"][r]), 6), round(float(sensitivity[norm, name]["p_idk"][r]), 6)]
