@@ -349,3 +349,25 @@ def test_a_run_whose_every_item_failed_exits_non_zero(tmp_path, capsys, monkeypa
     code = main(["eval", "--model", MODEL, "--tasks", f"jsonl:{bad}", "--protocols", "mcqa",
                  "--output", str(tmp_path / "out")])
     assert code == 1 and "every item failed" in capsys.readouterr().err
+
+
+def test_a_uniform_answerers_dcs_is_the_chance_reference_printed():
+    """Records of a uniform distribution over each item's options and IDK (as `dcs_records` makes them from
+    any distribution) average to the `uniform` reference the summary row carries, at default and
+    thresholded loadings; for an accuracy protocol it is the share of presented options that are correct."""
+    import numpy as np
+
+    from dcsjax.data.items import Item
+    from dcsjax.eval.protocols.dcs import dcs_records
+    from dcsjax.eval.run import chance_uniform, summary_row
+
+    items = [Item("a", "?", ("x", "y", "z", "IDK"), (1,), idk=3), Item("b", "?", ("x", "y", "IDK"), (0, 1), idk=2),
+             Item("c", "?", ("x", "y", "z", "w", "IDK"), (4,), idk=4)]  # c: unanswerable, IDK the correct one
+    for lc, lw in ((1.0, 1.0), (1.0, 3.0)):
+        probs = [np.full(len(i.choices), 1 / len(i.choices)) for i in items]
+        records = dcs_records(items, probs, [i.idk for i in items], lc, lw, [{} for _ in items])
+        row = summary_row("m", "t", "dcs-letters", records, 0, lc, lw, "f", {}, 0.0)
+        assert row["chance"]["uniform"] == pytest.approx(np.mean([r["dcs"] for r in records]), abs=1e-6)
+    presented = [{"order": {"presentations": [{"gold": ["B"], "size": 4, "answer": "A"}]}, "correct": False},
+                 {"order": {"presentations": [{"gold": ["A", "B"], "size": 2, "answer": "A"}]}, "correct": True}]
+    assert chance_uniform("apx", presented) == pytest.approx((1 / 4 + 2 / 2) / 2)

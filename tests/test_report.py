@@ -49,7 +49,9 @@ def test_report_on_real_results(real_results, tmp_path):
     assert "| smollm2-135m-instruct | misconceptions | 12 |" in text.split("## Sequence DCS under each IDK phrasing")[1]  # the IDK table
     results_row = next(line for line in text.split("## Results")[1].splitlines() if line.startswith("| misconceptions (n=12)"))
     aps_accuracy = np.mean([r["correct"] for r in read_records(folder / "aps.jsonl")])
-    assert results_row.split(" | ")[3].startswith(f"{aps_accuracy:.2f} [")
+    assert results_row.split(" | ")[2].startswith(f"{aps_accuracy:.2f} [")  # task, model, then APS
+    # beside it, its chance reference on APS's own presentations: two statements, one true (misconceptions)
+    assert "{u 0.50" in results_row.split(" | ")[2]
 
 
 @pytest.mark.slow

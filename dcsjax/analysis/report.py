@@ -209,13 +209,16 @@ def idk_table(rows: list[dict]) -> str:
 
 
 def results_table(models: dict[str, ModelResults], n_boot: int = 1000) -> str:
-    """One line per task x model: each protocol's headline with its 95% interval, APX's parse failures,
-    the best constant answer of the letter protocols, and the spread of sequence DCS over IDK phrasings."""
+    """One line per task x model: each protocol's headline with its 95% interval and, in braces, its chance
+    references on that protocol's own presentations (u: a uniform answerer; c: the best constant letter, for
+    protocols that show letters), APX's parse failures, and the spread of sequence DCS over IDK phrasings."""
+    from dcsjax.eval.protocols import get
     from dcsjax.eval.protocols.options import position_report
+    from dcsjax.eval.run import chance_uniform
 
     columns = [("aps", "APS acc"), ("qa-ppl", "QA-PPL acc"), ("mcqa", "MCQA-LL acc (sum)"),
                ("apx", "APX acc (parse failures)"), ("dcs", "DCS seq (IDK spread)"), ("dcs-letters", "DCS letters")]
-    header = ["task", "model", "best constant (letters)", *(c for _, c in columns)]
+    header = ["task", "model", *(c for _, c in columns)]
     lines = []
     tasks = sorted({t for m in models.values() for t in m.records})
     for task in tasks:
@@ -224,17 +227,18 @@ def results_table(models: dict[str, ModelResults], n_boot: int = 1000) -> str:
             if not by:
                 continue
             n = max(len(r) for r in by.values())
-            letters = by.get("dcs-letters") or by.get("apx") or []
-            report = position_report(letters)
-            cells = [f"{task} (n={n})", m.name, "-" if report["best_constant"] is None else
-                     f"{report['best_constant_letter']} {report['best_constant']:.2f}"]
+            cells = [f"{task} (n={n})", m.name]
             for protocol, _ in columns:
                 records = by.get(protocol)
                 if not records:
                     cells.append("-")
                     continue
                 iv = mean_ci(headline_values(protocol, records), n_boot)
-                cell = f"{iv.estimate:.2f} [{iv.low:.2f}, {iv.high:.2f}]"
+                chance = [f"u {u:.2f}"] if (u := chance_uniform(protocol, records)) is not None else []
+                constant = position_report(records)
+                if get(protocol).letters and constant["best_constant"] is not None and not protocol.startswith("dcs"):
+                    chance.append(f"c {constant['best_constant_letter']} {constant['best_constant']:.2f}")
+                cell = f"{iv.estimate:.2f} [{iv.low:.2f}, {iv.high:.2f}]" + (" {" + ", ".join(chance) + "}" if chance else "")
                 if protocol == "apx":
                     cell += f" ({np.mean([r['parse_error'] is not None for r in records]):.0%})"
                 if protocol == "dcs" and all("idk_sensitivity" in r for r in records):
@@ -524,9 +528,11 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
            *(f"- {where}" for where in skipped.broken + skipped.duplicates), ""]
           if skipped.broken or skipped.duplicates else []),
         "## Results", "",
-        "Each protocol's headline (accuracy; DCS for the DCS protocols) with its 95% interval; APX's parse failures "
-        "and the spread of sequence DCS over IDK phrasings in parentheses; the best constant answer is that of "
-        "the letter protocols' presentations.", "", results_table(models, n_boot), "",
+        "Each protocol's headline (accuracy; DCS for the DCS protocols) with its 95% interval and, in braces, its "
+        "chance references on the protocol's own presentations: u, a uniform answerer (DCS: the uniform "
+        "distribution over the options and IDK); c, always answering the best single letter (protocols that show "
+        "letters). Read a value against them: a DCS near u is what a model that knows nothing scores. APX's parse "
+        "failures and the spread of sequence DCS over IDK phrasings in parentheses.", "", results_table(models, n_boot), "",
         "## Option positions (002 A.3)", "",
         "Per presentation (a rotated item counts once per rotation): the share of gold options and of answers at "
         "each letter, and the best constant answer (always that letter) on the same presentations: a score "

@@ -369,10 +369,30 @@ def summary_row(model: str, task: str, protocol: str, records: list[dict], error
     low, high = mean_ci(values)[1:] if len(values) else (None, None)  # the headline's 95% interval over items
     # the sample standard error of the per-item headline values, as lm-eval reports it (its export reads it here)
     stderr = float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else None
+    uniform = chance_uniform(protocol, records)
     return {"model": model, "task": task, "protocol": protocol, "n": len(records), "errors": errors,
             "metric": next(iter(metrics)), "value": next(iter(metrics.values())), "ci95": [low, high], "stderr": stderr,
+            "chance": {"uniform": uniform},
             "metrics": metrics, "positions": position_report(records), "warnings": idk_warnings(metrics, low, high),
             "lc": lc, "lw": lw, "fingerprint": fingerprint, "settings": settings, "seconds": round(seconds, 2)}
+
+
+def chance_uniform(protocol: str, records: list[dict]) -> float | None:
+    """The headline a uniform answerer scores on the same presentations: for the DCS protocols, DCS of the
+    uniform distribution over the presented options and IDK, (lc |C| - lw |W|) / n x (1 - 1/n) per item
+    with the record's loadings; for the others, the share of an item's presented options that are correct.
+    None without records."""
+    if not records:
+        return None
+    if protocol in ("dcs", "dcs-letters"):
+        values = []
+        for r in records:
+            n = len(r["probs"])
+            correct = len({c for c in r["correct_options"] if c != r["idk_index"]})
+            values.append((r["lc"] * correct - r["lw"] * (n - 1 - correct)) / n * (1 - 1 / n))
+        return float(np.mean(values))
+    shown = [p for r in records for p in r.get("order", {}).get("presentations", [])]
+    return float(np.mean([len(p["gold"]) / p["size"] for p in shown])) if shown else None
 
 
 def _with_statements(items, errors, path: Path):
@@ -394,15 +414,16 @@ def _bar(progress: bool, total: int, initial: int, desc: str):
 
 
 def format_table(summary: dict, fmt: str = "text") -> str:
-    """The results table (fmt "text" or "markdown"); `const` is the accuracy of always giving the best single
-    letter on the same presentations (a letter preference alone reaches it), and `IDK spread` the range of
-    sequence DCS over the IDK phrasings."""
+    """The results table (fmt "text" or "markdown"); the chance references beside each value: `uniform`, the
+    headline of a uniform answerer on the same presentations (`chance_uniform`), and `const`, the accuracy of
+    always giving the best single letter on them (a letter preference alone reaches it); `IDK spread` the
+    range of sequence DCS over the IDK phrasings."""
     from dcsjax.eval.tables import render
 
     def number(x):
         return "-" if x is None else f"{x:.3f}"
 
-    header = ["model", "task", "protocol", "n", "err", "metric", "value", "95% CI", "const", "IDK spread"]
+    header = ["model", "task", "protocol", "n", "err", "metric", "value", "95% CI", "uniform", "const", "IDK spread"]
     rows = []
     for r in summary["rows"]:
         positions = r.get("positions") or {}
@@ -411,8 +432,8 @@ def format_table(summary: dict, fmt: str = "text") -> str:
         spread = r["metrics"].get("idk_spread")
         rows.append([r["model"], r["task"], r["protocol"], str(r["n"]), str(r["errors"]), r["metric"],
                      number(r["value"]), "-" if r["ci95"][0] is None else f"[{number(r['ci95'][0])}, {number(r['ci95'][1])}]",
-                     const, "-" if spread is None else f"{spread:.3f}" + (" !" if r.get("warnings") else "")])
-    lines = [render(header, rows, fmt, numeric=(3, 4, 6))]
+                     number((r.get("chance") or {}).get("uniform")), const, "-" if spread is None else f"{spread:.3f}" + (" !" if r.get("warnings") else "")])
+    lines = [render(header, rows, fmt, numeric=(3, 4, 6, 8))]
     notes = [f"! {r['model']} {r['task']} {r['protocol']}: {w}" for r in summary["rows"] for w in r.get("warnings", [])]
     reasons: dict = {}  # one line per protocol and reason, naming its tasks
     for s in summary.get("skipped", []):
