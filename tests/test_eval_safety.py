@@ -371,3 +371,20 @@ def test_a_uniform_answerers_dcs_is_the_chance_reference_printed():
     presented = [{"order": {"presentations": [{"gold": ["B"], "size": 4, "answer": "A"}]}, "correct": False},
                  {"order": {"presentations": [{"gold": ["A", "B"], "size": 2, "answer": "A"}]}, "correct": True}]
     assert chance_uniform("apx", presented) == pytest.approx((1 / 4 + 2 / 2) / 2)
+
+
+def test_statements_rows_are_checked_against_their_items(tmp_path):
+    """APS takes a statements row for an item only where its question and options are the item's: a row of
+    another item (an edited data file, another task's file) is an error record naming the line."""
+    task = write_jsonl(tmp_path / "items.jsonl", ITEMS)
+    rows = [{"id": i["id"], "question": i["question"], "choices": i["choices"],
+             "statements": [f"It is {c}." for c in i["choices"]]} for i in ITEMS]
+    rows[1] = {**rows[1], "question": "What is something else?"}
+    rows[2] = {**rows[2], "choices": ["7", "8"]}
+    stmts = tmp_path / "stmts.jsonl"
+    stmts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = evaluate(tmp_path / "out", [task], ["aps"], limit=None, statements=stmts)
+    assert [(r["n"], r["errors"]) for r in summary["rows"]] == [(1, 2)]
+    errors = {e["where"]: e["error"] for e in read_errors(tmp_path / "out" / MODEL / "items")}
+    assert errors["q2"].startswith(f"{stmts}:2: statements of another item: question 'What is something else?'")
+    assert errors["q3"].startswith(f"{stmts}:3: statements of another item: choices ['7', '8']")

@@ -120,5 +120,5 @@ def read_statements(path: Path) -> list[dict]:
                 raise ValueError(f"{len(row['statements'])} statements for {len(row['choices'])} options")
         except (TypeError, ValueError) as err:
             raise InputError(f"{path}:{number}: not a statements row: {err}") from err
-        rows.append(row)
+        rows.append({**row, "line": number})
     return rows

@@ -396,14 +396,25 @@ def chance_uniform(protocol: str, records: list[dict]) -> float | None:
 
 
 def _with_statements(items, errors, path: Path):
-    """Items that have statements in the file, carrying them; the rest become error records."""
+    """Items that have statements in the file, carrying them; the rest become error records. A row is an
+    item's only where its question and options are the item's (a file made for another task, or from an
+    edited data file, names the line and what differs)."""
     from dcsjax.data.items import ItemError
     from dcsjax.data.jsonl import read_statements
 
-    by_id = {row["id"]: row["statements"] for row in read_statements(path)}
-    kept = [replace(i, statements=tuple(by_id[i.id])) for i in items if i.id in by_id and len(by_id[i.id]) == len(i.choices)]
-    missing = [ItemError(i.id, f"no statements for it in {path} (filtered at generation?)") for i in items
-               if i.id not in by_id or len(by_id[i.id]) != len(i.choices)]
+    by_id = {row["id"]: row for row in read_statements(path)}
+    kept, missing = [], []
+    for item in items:
+        row = by_id.get(item.id)
+        if row is None:
+            missing.append(ItemError(item.id, f"no statements for it in {path} (filtered at generation?)"))
+            continue
+        differs = [f"{field} {row[field]!r} is not the item's {want!r}" for field, want in
+                   (("question", item.question), ("choices", list(item.choices))) if row[field] != want]
+        if differs:
+            missing.append(ItemError(item.id, f"{path}:{row['line']}: statements of another item: " + "; ".join(differs)))
+        else:
+            kept.append(replace(item, statements=tuple(row["statements"])))
     return kept, [*errors, *missing]
 
 
