@@ -45,7 +45,7 @@ FAULTS = [
     ("an instruct model without a chat template", "refused naming how to give one", "tests/test_eval_safety.py::test_an_instruct_model_without_a_chat_template_is_refused_naming_how_to_give_one"),
     ("a truncated GGUF file", "named", "tests/test_errors.py::test_truncated_gguf_file_is_named"),
     ("a missing safetensors shard", "named before any tensor is read", "tests/test_hf_dir.py::test_a_missing_shard_is_named_before_any_tensor_is_read"),
-    ("several models, a --limit rerun, then export", "one lm-eval file per model; the row's own items", "tests/test_eval_safety.py::test_lm_eval_export_of_several_models_and_a_limit_rerun_reads_what_each_summary_row_read"),
+    ("several models, a --limit rerun, then export and report", "one lm-eval file per model; the row's own items", "tests/test_eval_safety.py::test_lm_eval_export_of_several_models_and_a_limit_rerun_reads_what_each_summary_row_read"),
     ("statements rows of another item", "an error record naming the line and what differs", "tests/test_eval_safety.py::test_statements_rows_are_checked_against_their_items"),
     ("a run whose every item failed", "exit 1", "tests/test_eval_safety.py::test_a_run_whose_every_item_failed_exits_non_zero"),
     ("stray files in a results folder", "report names and skips them", "tests/test_results.py::test_result_files_are_the_layout_only_and_strays_are_named"),

@@ -319,7 +319,8 @@ def test_two_files_of_one_name_in_one_run_are_refused_before_the_model_loads(tmp
 
 def test_lm_eval_export_of_several_models_and_a_limit_rerun_reads_what_each_summary_row_read(tmp_path):
     """Two models in one results folder export one lm-eval file each; after runs with --limit 3, 6, then 3
-    again, the standard error is that of the 3 items the summary row holds, not of the 6 in the file."""
+    again, the standard error is that of the 3 items the summary row holds, not of the 6 in the file, and
+    `report` reads those 3."""
     import numpy as np
 
     task = write_jsonl(tmp_path / "items.jsonl", ITEMS + [{**r, "id": f"r{i}"} for i, r in enumerate(ITEMS)])
@@ -338,6 +339,12 @@ def test_lm_eval_export_of_several_models_and_a_limit_rerun_reads_what_each_summ
         first = [float(r["correct"]["sum"]) for r in records if r["id"] in ("q1", "q2", "q3")]
         assert exported["results"]["items_mcqa"]["acc_stderr,none"] == pytest.approx(
             np.std(first, ddof=1) / np.sqrt(3))
+    # the report reads the same 3 records of each, not the 6 in the files
+    from dcsjax.analysis.report import load_results
+
+    loaded = load_results([out])
+    assert {name: [r["id"] for r in m.records["items"]["mcqa"]] for name, m in loaded.items()} == \
+        {"tiny-a": ["q1", "q2", "q3"], "tiny-b": ["q1", "q2", "q3"]}
 
 
 def test_a_run_whose_every_item_failed_exits_non_zero(tmp_path, capsys, monkeypatch):

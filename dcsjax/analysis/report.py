@@ -64,16 +64,26 @@ def _model_info(name: str, sizes: dict, root: Path) -> tuple[float | None, str |
 def load_results(dirs: list[Path], sizes: dict | None = None,
                  skipped: ReadReport | None = None) -> dict[str, ModelResults]:
     """Every model's per-item records under the results folders; a later folder's task replaces an earlier's.
-    Broken lines and second records of an item are skipped (never repaired: a reader does not write) and
-    listed in `skipped`."""
+    Exactly the records its summary.json row was made from, where the row names them (a later run with
+    another --limit adds records to the file, not to the row). Broken lines and second records of an item
+    are skipped (never repaired: a reader does not write) and listed in `skipped`."""
+    from dcsjax.eval.results import read_summary
+
     models: dict[str, ModelResults] = {}
     for root in map(Path, dirs):
         if not root.is_dir():
             raise FileNotFoundError(f"{root}: not a results folder")
+        made_from = {(r["model"], r["folder"], r["protocol"]): r["ids"] for r in read_summary(root)["rows"]
+                     if "ids" in r and "folder" in r}
         for model, task, protocol, path in result_files(root):
             if model not in models:
                 models[model] = ModelResults(model, *_model_info(model, sizes or {}, root))
-            models[model].records[task][protocol] = read_records(path, skipped)
+            records = read_records(path, skipped)
+            ids = made_from.get((model, task, protocol))
+            if ids is not None:
+                by_id = {r["id"]: r for r in records}
+                records = [by_id[i] for i in ids if i in by_id]
+            models[model].records[task][protocol] = records
     if not models:
         raise FileNotFoundError(f"no <model>/<task>/<protocol>.jsonl results under {', '.join(map(str, dirs))}")
     return models

@@ -338,8 +338,11 @@ def _score_protocol(config: EvalConfig, card, protocol: str, ctx, task: dict, it
     by_id = {r["id"]: r for r in results.read_records(path)}
     records = [by_id[i.id] for i in items if i.id in by_id]
     lc, lw = config.loadings
-    return summary_row(scorer.name, card.name, protocol, records, load_errors + len(scoring_errors), lc, lw,
-                       fingerprint, settings["settings"], time.perf_counter() - start)
+    row = summary_row(scorer.name, card.name, protocol, records, load_errors + len(scoring_errors), lc, lw,
+                      fingerprint, settings["settings"], time.perf_counter() - start)
+    # which records the row was made from: `report` reads these and no others (a later run with another
+    # --limit adds records to the file, not to this row)
+    return {**row, "folder": card.slug, "ids": [r["id"] for r in records]}
 
 
 def length_hint(item) -> int:
