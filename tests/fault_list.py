@@ -48,6 +48,7 @@ FAULTS = [
     ("several models, a --limit rerun, then export and report", "one lm-eval file per model; the row's own items", "tests/test_eval_safety.py::test_lm_eval_export_of_several_models_and_a_limit_rerun_reads_what_each_summary_row_read"),
     ("statements rows of another item", "an error record naming the line and what differs", "tests/test_eval_safety.py::test_statements_rows_are_checked_against_their_items"),
     ("a run whose every item failed", "exit 1", "tests/test_eval_safety.py::test_a_run_whose_every_item_failed_exits_non_zero"),
+    ("a broken statements file", "named before the model loads", "tests/test_eval_safety.py::test_data_errors_stop_the_run_before_the_model_loads"),
     ("stray files in a results folder", "report names and skips them", "tests/test_results.py::test_result_files_are_the_layout_only_and_strays_are_named"),
 ]
 

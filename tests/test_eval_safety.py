@@ -395,3 +395,15 @@ def test_statements_rows_are_checked_against_their_items(tmp_path):
     errors = {e["where"]: e["error"] for e in read_errors(tmp_path / "out" / MODEL / "items")}
     assert errors["q2"].startswith(f"{stmts}:2: statements of another item: question 'What is something else?'")
     assert errors["q3"].startswith(f"{stmts}:3: statements of another item: choices ['7', '8']")
+
+
+def test_data_errors_stop_the_run_before_the_model_loads(tmp_path):
+    """Tasks are read before the model: a broken statements file is named at once (here the model name does
+    not even exist, and it is not what the run stops on)."""
+    from dcsjax.errors import InputError
+
+    task = write_jsonl(tmp_path / "items.jsonl", ITEMS)
+    stmts = tmp_path / "stmts.jsonl"
+    stmts.write_text('{"id": "q1", "choices": ["2", "3"]}\n')
+    with pytest.raises(InputError, match=f"{stmts}:1: not a statements row: missing field question"):
+        run_eval("no-such-model", [task], ["aps"], tmp_path / "out", statements=stmts, progress=False)

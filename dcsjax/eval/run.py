@@ -227,10 +227,14 @@ def evaluate(config: EvalConfig, scorer=None) -> dict:
     lead = distributed.rank() == 0  # the process that reads and writes the files
     writer = results.ResultsWriter(config.output, config.replace_stale) if lead else contextlib.nullcontext()
     with writer:  # taken before the model loads: a locked or unwritable folder fails at once
+        # the data too, before the model: a file's duplicate ids, a statements file of another task or a hub
+        # dataset out of reach stop the run now, not after the model has loaded
+        loaded = [_load_items(config, card) for card, _ in plan]
         scorer = scorer or dcsjax.load(config.model, batch_size=config.batch_size, dtype=config.dtype, mesh=config.mesh,
                                        document_start=config.document_start, variant=config.variant)
         model_identity = scorer.model_fingerprint or {"name": scorer.name}
-        rows = [row for card, runnable in plan for row in _score_task(config, card, runnable, scorer, writer, lead)]
+        rows = [row for (card, runnable), task in zip(plan, loaded)
+                for row in _score_task(config, card, task, runnable, scorer, writer, lead)]
         if lead:
             writer.update_summary(rows, config.run_record(cards, model_identity))
     # this run's rows, in its order (summary.json also keeps the rows of earlier runs of other tasks)
@@ -270,15 +274,21 @@ def _plan(config: EvalConfig, cards) -> tuple[list, list[dict]]:
     return plan, skipped
 
 
-def _score_task(config: EvalConfig, card, runnable, scorer, writer, lead: bool) -> list[dict]:
-    """One task's items (and their load errors, written), every runnable protocol scored -> its summary rows."""
+def _load_items(config: EvalConfig, card) -> dict:
+    """A task's items, those the run scores (--limit, statements) and every load error, before any model."""
     from dcsjax.data.tasks import load_task
 
     all_items, load_errors = load_task(card)
-    task = task_identity(card, all_items, config.statements)
     items = all_items[:config.limit] if config.limit is not None else all_items
     if config.statements is not None:
         items, load_errors = _with_statements(items, load_errors, config.statements)
+    return {"all": all_items, "items": items, "errors": load_errors,
+            "identity": task_identity(card, all_items, config.statements)}
+
+
+def _score_task(config: EvalConfig, card, loaded: dict, runnable, scorer, writer, lead: bool) -> list[dict]:
+    """One task's load errors written and every runnable protocol scored -> its summary rows."""
+    all_items, items, load_errors, task = loaded["all"], loaded["items"], loaded["errors"], loaded["identity"]
     folder = results.task_folder(config.output, scorer.name, card.slug)
     errors = [e.as_record() for e in load_errors]
     if lead:
