@@ -109,10 +109,10 @@ def abstract_model(config: DecoderConfig, mesh, dtype=jnp.bfloat16):
 
 
 def bytes_per_chip(state) -> int:
-    """The largest device's share of the parameters (a replicated array counts whole on each)."""
+    """Bytes of these sharded arrays on the device holding the most (a replicated array counts whole on each)."""
     total = 0
     for leaf in jax.tree.leaves(state):
-        total += math.prod(leaf.sharding.shard_shape(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize
+        total += math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize  # PRNG keys too
     return total
 
 
@@ -199,8 +199,7 @@ def compile_memory(fn, *args) -> tuple[object | None, dict, float]:
         if not match:
             raise
         scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[match.group(2)]
-        arguments = sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
-                        for a in jax.tree.leaves(args) if isinstance(a, jax.ShapeDtypeStruct))
+        arguments = bytes_per_chip([a for a in jax.tree.leaves(args) if isinstance(a, jax.ShapeDtypeStruct)])
         memory = {"argument_bytes": int(arguments), "temp_bytes": int(float(match.group(1)) * scale), "output_bytes": 0,
                   "code_bytes": 0, "alias_bytes": 0, "refused": str(err).splitlines()[0][:300]}
         return None, memory, time.perf_counter() - start
