@@ -8,14 +8,14 @@ from dcsjax.engine.packing import batch_heights
 from dcsjax.engine.scorer import Scorer
 
 
-@pytest.mark.slow
-def test_compiles_once_per_batch_shape(smollm2):
+def test_compiles_once_per_batch_shape(tiny):
     """One compile per (bucket, rows) shape a run uses, and none for a shape an earlier run compiled; rows
-    come from the halving ladder, so a bucket has at most len(batch_heights) shapes whatever the data."""
+    come from the halving ladder, so a bucket has at most len(batch_heights) shapes whatever the data. About
+    the engine's shapes, not weights: the tiny decoder (conftest.tiny_scorer) compiles in a fraction of the time."""
     words = PASSAGE.split()
     # a vocab_chunk (a static argument of the kernel) that no other test uses: shapes compiled by earlier
     # tests in this process are not in its cache
-    scorer = Scorer(smollm2.model, smollm2.tokenizer, smollm2.document_start_id, batch_size=5,
+    scorer = Scorer(tiny.model, tiny.tokenizer, tiny.document_start_id, batch_size=5,
                     buckets=(64, 128, 256), vocab_chunk=4096)
 
     def shapes(texts):
