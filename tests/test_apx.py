@@ -45,6 +45,12 @@ def test_prompts_follow_d1():
     ("A. Vedas\n\nThe correct answer is C. Koran.", (None, "names several options: A, C")),
     ("B. Ramayana", (None, "names several options: B, C")),  # a letter and another option's text
     ("I think it is the fourth one", (None, "no option letter or option text found")),
+    ("**B**", (1, None)),  # Markdown emphasis
+    ("The answer is **C**.", (2, None)),
+    ("Option B", (1, None)),
+    ("B is correct.", (1, None)),
+    ("answer: b", (1, None)),  # a lower-case letter standing alone after "answer:"
+    ("The answer is a dog.", (None, "no option letter or option text found")),  # an article, not option A
     ("", (None, "no option letter or option text found")),
 ])
 def test_parser_on_real_generations(generation, expected):

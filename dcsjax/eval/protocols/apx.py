@@ -64,16 +64,24 @@ def prompt_ids(scorer, item: Item, exemplars: Sequence[Item] = ()) -> list[int]:
 # A letter counts only where an answer stands: alone at the start of a line ("C", "C.", "(C)", "C)"),
 # in parentheses anywhere, or after "answer is" / "answer:". Elsewhere a capital is a word ("I think", the
 # article "A").
+# Where a letter is an answer ({L}: the letters, upper case; {l}: lower case). Markdown emphasis and quotes
+# around it are read through ("**B**", "'B'").
 _LETTER_AT = (
-    r"(?m)^[\s*\"'\[(]*({L})(?:[.):,\]]|\s*$)",
-    r"\(({L})\)",
-    r"(?i:answer)(?:\s+is)?\s*[:\-]?\s*\(?({L})(?![A-Za-z])",
+    r"(?m)^[\s*_\"'\[(]*({L})(?:[.):,\]*_]|\s*$)",  # alone at the start of a line: "C", "C.", "(C)", "**C**"
+    r"\(({L})\)",  # in parentheses anywhere
+    r"(?i:answer|option|choice)(?:\s+is)?\s*[:\-]?\s*[*_\"'(]*({L})(?![A-Za-z])",  # "answer is B", "Option B"
+    r"(?m)^[\s*_\"'\[(]*({L})[*_\"')]*\s+is\s+(?i:the\s+)?(?i:correct|right)",  # "B is correct"
+    r"(?i:answer)\s*[:\-]\s*[*_\"'(]*({l})(?:[.):,\]*_]|\s*$)",  # "answer: b", a lower-case letter standing alone
 )
 
 
 def _letters_in_answer_position(text: str, letters: Sequence[str]) -> set[str]:
-    alternatives = "|".join(map(re.escape, letters))
-    return {m.group(1) for pattern in _LETTER_AT for m in re.finditer(pattern.format(L=alternatives), text)}
+    """The letters (upper case) that `_LETTER_AT` finds in answer position. A lower-case letter counts only
+    standing alone after "answer:", so the article in "the answer is a dog" is not read as A."""
+    upper = "|".join(map(re.escape, letters))
+    lower = "|".join(re.escape(x.lower()) for x in letters if x.isalpha() and x.isupper())
+    hits = {m.group(1) for pattern in _LETTER_AT for m in re.finditer(pattern.format(L=upper, l=lower or "(?!)"), text)}
+    return {hit if hit in letters else hit.upper() for hit in hits}
 
 
 def parse_answer(generation: str, choices: Sequence[str]) -> tuple[int | None, str | None]:
