@@ -119,6 +119,26 @@ def test_summary_rows_merge_by_task_name_and_keep_other_protocols(tmp_path):
 
 
 @pytest.mark.slow
+def test_loadings_outside_definition_1_are_flagged_in_the_summary_table_and_report(tmp_path):
+    """t > 0.5 gives lw = t/(1-t) > lc = 1 (Proposition 1's rule), outside Definition 1 (lc >= lw), where
+    Theorem 1's [-1, 1] bound does not hold: the summary row says so, the table marks the value, the report
+    lists it; at t = 0.5 (lw = lc) and for accuracy protocols nothing is flagged."""
+    from dcsjax.eval.run import format_table
+
+    summary = evaluate(tmp_path / "out", protocols=("dcs-letters", "mcqa"), threshold=0.75, limit=3)
+    rows = {r["protocol"]: r for r in summary["rows"]}
+    assert "lw = 3 > lc = 1: outside Definition 1" in rows["dcs-letters"]["loadings_note"]
+    assert rows["mcqa"]["loadings_note"] is None
+    table = format_table(summary)
+    assert " †" in next(line for line in table.splitlines() if "dcs-letters" in line)
+    assert " †" not in next(line for line in table.splitlines() if "mcqa" in line)
+    assert "† lw = 3 > lc = 1: outside Definition 1 (lc >= lw); DCS lies in [-3, 1]" in table
+    report = write_report([tmp_path / "out"], tmp_path / "report", n_boot=20).read_text()
+    assert f"{MODEL}/known_unknowns/dcs-letters: lw = 3 > lc = 1" in report
+    at_half = evaluate(tmp_path / "half", protocols=("dcs-letters",), threshold=0.5, limit=3)
+    assert at_half["rows"][0]["loadings_note"] is None and "†" not in format_table(at_half)
+
+
 def test_report_skips_a_corrupt_line_and_leaves_the_file_unchanged(tmp_path):
     out = tmp_path / "out"
     evaluate(out, protocols=("dcs", "mcqa"), limit=8)  # no APS records: the report works on any protocols

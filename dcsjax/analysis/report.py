@@ -32,10 +32,11 @@ from dcsjax.metrics import (
     risk_coverage,
     ternary_score,
 )
+from dcsjax.metrics.dcs import loadings_note
+from dcsjax.eval.protocols import DCS_PROTOCOLS
 from dcsjax.eval.results import ReadReport, model_facts, read_records, result_files
 from dcsjax.eval.tables import render
 
-DCS_PROTOCOLS = ("dcs", "dcs-letters")
 TERNARY_T = 0.75
 
 
@@ -401,8 +402,10 @@ def dcs_spectrum_figure(models: dict[str, ModelResults], tasks: list[str], path:
             ax.plot(DEFAULT_THRESHOLDS, np.asarray(loading_spectrum(d, DEFAULT_THRESHOLDS)), style, color=colour,
                     marker=".", label=label)
         ax.axhline(0, color="grey", linewidth=0.8)
+        # t > 0.5 means lw > lc: outside Definition 1, where Theorem 1's [-1, 1] bound does not hold
+        ax.axvspan(0.5, DEFAULT_THRESHOLDS[-1], color="grey", alpha=0.08, linewidth=0)
         ax.set_title(task, fontsize=9)
-        ax.set_xlabel("target threshold t")
+        ax.set_xlabel("target threshold t (shaded: lw > lc)")
         ax.set_ylabel("mean DCS")
     _legend(axes[0], fontsize=7)
     fig.tight_layout()
@@ -510,6 +513,9 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
     if has_aps:
         ppl_figure(models, tasks, out / "ppl.png")
     unsized = [m.name for m in models.values() if not m.parameters]
+    outside = sorted({f"{m.name}/{t}/{p}: {note}" for m in models.values() for t, by in m.records.items()
+                      for p, recs in by.items() if p in DCS_PROTOCOLS and recs
+                      and (note := loadings_note(recs[0].get("lc", 1.0), recs[0].get("lw", 1.0)))})
     stale = sorted({f"{m.name}/{t}/{p}" for m in models.values() for t, by in m.records.items()
                     for p, recs in by.items() if p in DCS_PROTOCOLS and recs and "correct_options" not in recs[0]})
     lines = [
@@ -524,13 +530,16 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
         "## Figures", "",
         "- ![APS and APX against model size](scaling.png)",
         "- ![Per task](scaling_by_task.png)",
-        "- ![DCS against the target threshold](dcs_spectrum.png)",
+        "- ![DCS against the target threshold](dcs_spectrum.png) (lc = 1, lw = t/(1-t), Proposition 1; above t = 0.5 "
+        "lw > lc, outside Definition 1, so mean DCS can fall below -1)",
         "- ![Risk-coverage curves](risk_coverage.png)",
         *(["- ![APS perplexities](ppl.png)"] if has_aps else []),
         *(["- ![Where gold options and answers sit](positions.png)"] if positions else []), "",
         "## Scaling fits", "",
         *(f"- {n}" for n in notes or ["no model sizes known: pass --sizes"]),
         *([f"- no size known for {', '.join(unsized)} (add it with --sizes)"] if unsized else []), "",
+        *(["DCS results outside Definition 1 (their DCS is not bounded by [-1, 1]):", "",
+           *(f"- {line}" for line in outside), ""] if outside else []),
         *([f"DCS records written before they carried `correct_options` (rerun `dcsjax eval` on them for "
            f"calibration metrics): {', '.join(stale)}", ""] if stale else []),
         *([f"Skipped while reading ({len(skipped.broken)} broken line(s), {len(skipped.duplicates)} second "

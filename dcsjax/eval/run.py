@@ -20,7 +20,7 @@ import numpy as np
 from dcsjax.eval import results
 from dcsjax.errors import ConfigError, InputError, stop_point
 from dcsjax.metrics.bootstrap import mean_ci
-from dcsjax.eval.protocols import PROTOCOLS
+from dcsjax.eval.protocols import DCS_PROTOCOLS, PROTOCOLS
 from dcsjax.eval.protocols.options import DEFAULT_ORDER, ORDERS
 
 # Items per write: the first write holds CHUNK items, and each later one twice the one before, up to
@@ -376,6 +376,7 @@ def summary_row(model: str, task: str, protocol: str, records: list[dict], error
     """One (model, task, protocol) row of summary.json: the headline with its interval, the companions,
     where gold options and answers sat (and the best constant answer), and warnings."""
     from dcsjax.eval.protocols.options import position_report
+    from dcsjax.metrics.dcs import loadings_note
 
     metrics = summarise(protocol, records)
     values = headline_values(protocol, records)
@@ -383,11 +384,12 @@ def summary_row(model: str, task: str, protocol: str, records: list[dict], error
     # the sample standard error of the per-item headline values, as lm-eval reports it (its export reads it here)
     stderr = float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else None
     uniform = chance_uniform(protocol, records)
+    note = loadings_note(lc, lw) if protocol in DCS_PROTOCOLS else None
     return {"model": model, "task": task, "protocol": protocol, "n": len(records), "errors": errors,
             "metric": next(iter(metrics)), "value": next(iter(metrics.values())), "ci95": [low, high], "stderr": stderr,
             "chance": {"uniform": uniform},
             "metrics": metrics, "positions": position_report(records), "warnings": idk_warnings(metrics, low, high),
-            "lc": lc, "lw": lw, "fingerprint": fingerprint, "settings": settings, "seconds": round(seconds, 2)}
+            "lc": lc, "lw": lw, "loadings_note": note, "fingerprint": fingerprint, "settings": settings, "seconds": round(seconds, 2)}
 
 
 def chance_uniform(protocol: str, records: list[dict]) -> float | None:
@@ -455,10 +457,11 @@ def format_table(summary: dict, fmt: str = "text") -> str:
                  else f"{positions['best_constant_letter']} {positions['best_constant']:.2f}")
         spread = r["metrics"].get("idk_spread")
         rows.append([r["model"], r["task"], r["protocol"], str(r["n"]), str(r["errors"]), r["metric"],
-                     number(r["value"]), "-" if r["ci95"][0] is None else f"[{number(r['ci95'][0])}, {number(r['ci95'][1])}]",
+                     number(r["value"]) + (" †" if r.get("loadings_note") else ""), "-" if r["ci95"][0] is None else f"[{number(r['ci95'][0])}, {number(r['ci95'][1])}]",
                      number((r.get("chance") or {}).get("uniform")), const, "-" if spread is None else f"{spread:.3f}" + (" !" if r.get("warnings") else "")])
     lines = [render(header, rows, fmt, numeric=(3, 4, 6, 8))]
     notes = [f"! {r['model']} {r['task']} {r['protocol']}: {w}" for r in summary["rows"] for w in r.get("warnings", [])]
+    notes += [f"† {note}" for note in dict.fromkeys(r["loadings_note"] for r in summary["rows"] if r.get("loadings_note"))]
     reasons: dict = {}  # one line per protocol and reason, naming its tasks
     for s in summary.get("skipped", []):
         reasons.setdefault((s["protocol"], s["reason"]), []).append(s["task"])

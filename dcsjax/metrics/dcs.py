@@ -23,6 +23,16 @@ def loadings_from_threshold(t: float) -> tuple[float, float]:
     return 1.0, t / (1.0 - t)
 
 
+def loadings_note(lc: float, lw: float) -> str | None:
+    """None inside Definition 1 (lc >= lw >= 0); else what leaving it costs. This project follows Proposition 1
+    for a target threshold t: lc = 1, lw = t / (1 - t), so t > 0.5 gives lw > lc, outside Definition 1, where
+    Theorem 1's [-1, 1] bound (proved at the default loadings) no longer holds: DCS lies in [-lw, lc]."""
+    if lw <= lc:
+        return None
+    return (f"lw = {lw:.3g} > lc = {lc:.3g}: outside Definition 1 (lc >= lw); DCS lies in [-{lw:.3g}, {lc:.3g}], "
+            f"not Theorem 1's [-1, 1]")
+
+
 def option_masses(probs: jax.Array, correct: jax.Array, idk: jax.Array, valid: jax.Array):
     """[N, K] distributions -> [N] p_correct, p_wrong, p_idk. A correct IDK option (an unanswerable item)
     is abstention, not a correct answer; padded entries count nowhere."""

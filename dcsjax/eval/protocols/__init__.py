@@ -137,6 +137,7 @@ def registry() -> dict[str, Protocol]:
 
 
 PROTOCOLS = ("aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters")  # registry order, importable without jax
+DCS_PROTOCOLS = ("dcs", "dcs-letters")  # the protocols whose headline is DCS, under the run's loadings
 
 
 def get(name: str) -> Protocol:
