@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from dcsjax.data import bigbench
@@ -40,17 +41,37 @@ def test_known_unknowns_has_its_idk_choice():
 
 def test_subtasks_prefix_and_statements():
     items, _ = load_task(resolve_task("logical_deduction_three_objects"))
-    assert len(items) == 300 and items[0].statements == items[0].choices
+    assert len(items) == 300 and items[0].statements is None  # the card's rule writes them (below)
     assert items[0].question.startswith("The following paragraphs each describe a set of three objects")
     whole, _ = bigbench.bigbench_items("logical_deduction")
     assert len(whole) == 300 + 500 + 700  # three, five and seven objects
     card = resolve_task("known_unknowns")  # no declarative rule: APS refuses it, qa-ppl ranks question + option
     assert declarative_statements(card) is None
     assert qa_texts(card)(load_task(card)[0][0])[1] == "Q: How often did Abraham Lincoln cut his toenails?\nA: Unknown"
-    card = resolve_task("misconceptions")  # the claim with the option's word: a declarative statement
+    # misconceptions' "The claim '...' is true/false." would be a P(True) probe (002 section 4), not APS
+    assert declarative_statements(resolve_task("misconceptions")) is None
+    card = resolve_task("logical_deduction_three_objects")  # the premises, each option their conclusion (002 A.1)
     first = load_task(card)[0][0]
-    assert declarative_statements(card)(first) == ["The claim 'Twinkies are edible for decades or longer.' is true.",
-                                                   "The claim 'Twinkies are edible for decades or longer.' is false."]
+    statements = declarative_statements(card)(first)
+    premises = "The blue book is to the right of the orange book. The orange book is to the right of the black book."
+    assert statements == [f"{first.question} {c}" for c in first.choices] and all(premises in s for s in statements)
+    assert statements[0].endswith("the black book. The black book is the leftmost.")
+
+
+def test_card_statements_keep_002s_length_gap_to_the_question_answer_pair():
+    """002 A.2: a statement is about as long as its question-answer pair (median gap about -1 token there). Every
+    BIG-bench card with a declarative rule, over its first 200 items, in words: the median of the per-item
+    median gaps within [-2, 1] (a bare-option statement of logical_deduction sat about 60 words short)."""
+    from dcsjax.statements.validate import statement_metrics
+
+    for task in ("logical_deduction_three_objects", "timedial"):
+        card = resolve_task(task)
+        items = load_task(card)[0][:200]
+        rule = declarative_statements(card)
+        rows = [{"id": i.id, "question": i.question, "choices": i.choices, "statements": rule(i)} for i in items]
+        gap = float(np.median([m["median_gap"] for m in statement_metrics(rows)]))
+        print(f"{task}: median length gap {gap:+.1f} words over {len(rows)} items")
+        assert -2 <= gap <= 1, (task, gap)
 
 
 def test_bad_examples_are_reported(tmp_path, monkeypatch):

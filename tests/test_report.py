@@ -19,7 +19,7 @@ FIGURES = ("scaling.png", "scaling_by_task.png", "dcs_spectrum.png", "risk_cover
 @pytest.fixture(scope="module")
 def real_results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("results")
-    run_eval("smollm2-135m-instruct", ["misconceptions"], ["aps", "mcqa", "apx", "dcs", "dcs-letters"], folder,
+    run_eval("smollm2-135m-instruct", ["logical_deduction_three_objects"], ["aps", "mcqa", "apx", "dcs", "dcs-letters"], folder,
              limit=12, scorer=scorer_for("smollm2-135m-instruct"), progress=False)
     return folder
 
@@ -31,7 +31,7 @@ def test_report_on_real_results(real_results, tmp_path):
         data = (tmp_path / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 10_000, name
     rows = {(r["protocol"], r["metric"]): r for r in json.loads((tmp_path / "metrics.json").read_text())}
-    folder = real_results / "smollm2-135m-instruct" / "misconceptions"
+    folder = real_results / "smollm2-135m-instruct" / "logical_deduction_three_objects"
     dcs = read_records(folder / "dcs.jsonl")
     assert rows["dcs", "dcs"]["value"] == pytest.approx(np.mean([r["dcs"] for r in dcs]), abs=1e-6)
     assert rows["dcs", "dcs"]["low"] <= rows["dcs", "dcs"]["value"] <= rows["dcs", "dcs"]["high"]
@@ -41,17 +41,17 @@ def test_report_on_real_results(real_results, tmp_path):
     for metric in ("brier", "ece", "ece_mass", "aurc", "ternary_t0.75"):
         assert ("dcs-letters", metric) in rows and np.isfinite(rows["dcs-letters", metric]["value"])
     text = re.sub(" +", " ", summary.read_text())  # the tables' cells are padded to their columns' width
-    assert "| smollm2-135m-instruct | misconceptions | dcs | brier |" in text and "too few" in text
-    # where gold options sat, from the records' own permutations (misconceptions: T, F shuffled)
-    apx_row = next(line for line in text.splitlines() if line.startswith("| smollm2-135m-instruct | misconceptions | apx | shuffle |"))
+    assert "| smollm2-135m-instruct | logical_deduction_three_objects | dcs | brier |" in text and "too few" in text
+    # where gold options sat, from the records' own permutations (three options shuffled)
+    apx_row = next(line for line in text.splitlines() if line.startswith("| smollm2-135m-instruct | logical_deduction_three_objects | apx | shuffle |"))
     gold_a = np.mean([r["order"]["presentations"][0]["gold"] == ["A"] for r in apx])
     assert f"A:{gold_a:.2f}" in apx_row and "| 12 |" in apx_row
-    assert "| smollm2-135m-instruct | misconceptions | 12 |" in text.split("## Sequence DCS under each IDK phrasing")[1]  # the IDK table
-    results_row = next(line for line in text.split("## Results")[1].splitlines() if line.startswith("| misconceptions (n=12)"))
+    assert "| smollm2-135m-instruct | logical_deduction_three_objects | 12 |" in text.split("## Sequence DCS under each IDK phrasing")[1]  # the IDK table
+    results_row = next(line for line in text.split("## Results")[1].splitlines() if line.startswith("| logical_deduction_three_objects (n=12)"))
     aps_accuracy = np.mean([r["correct"] for r in read_records(folder / "aps.jsonl")])
     assert results_row.split(" | ")[2].startswith(f"{aps_accuracy:.2f} [")  # task, model, then APS
-    # beside it, its chance reference on APS's own presentations: two statements, one true (misconceptions)
-    assert "{u 0.50" in results_row.split(" | ")[2]
+    # beside it, its chance reference on APS's own presentations: three statements, one true
+    assert "{u 0.33" in results_row.split(" | ")[2]
 
 
 @pytest.mark.slow

@@ -191,9 +191,13 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
                              n_boot=50, progress=False)
     for t in ("0.5", "0.75"):
         entry = results["by_threshold"][t]
-        assert set(entry["policies"]) == {"start", "start+tau", "ce+tau", "dcs+ce", "ce+tau (lora)", "dcs+ce (lora)"}
+        assert set(entry["policies"]) == {"start", "start+tau", "ce+tau", "dcs+ce", "dcs+ce+tau", "ce+tau (lora)",
+                                          "dcs+ce (lora)", "dcs+ce+tau (lora)"}
         assert "dcs+ce (lora) - ce+tau (lora)" in entry["paired"] and "dcs+ce - start+tau" in entry["paired"]
-        assert entry["policies"]["start+tau"]["metrics"]["dcs"] == [None, None, None]  # thresholded: no distribution
+        assert "dcs+ce+tau - start+tau" in entry["paired"] and "dcs+ce+tau (lora) - ce+tau (lora)" in entry["paired"]
+        # a thresholded policy's distributional DCS is that of the model it thresholds
+        assert entry["policies"]["start+tau"]["metrics"]["dcs"] == entry["policies"]["start"]["metrics"]["dcs"]
+        assert entry["policies"]["dcs+ce+tau"]["metrics"]["dcs"] == entry["policies"]["dcs+ce"]["metrics"]["dcs"]
     for name in ("summary.md", "thresholds.png", "training.png"):
         assert (out / name).stat().st_size > 0
     assert results["exported"]["adapter"] == "lora" and results["exported"]["threshold"] == 0.5

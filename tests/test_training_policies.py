@@ -92,3 +92,28 @@ def test_seeds_pool_and_the_paired_interval_resamples_the_same_items():
     assert diff == pytest.approx(pooled) and low < diff < high
     same = paired(a, a, idx)
     assert same[:3] == [0.0, 0.0, 0.0] and same[3] == 1.0
+
+
+def test_the_dcs_trained_arm_gets_the_baselines_threshold_tuned_on_its_own_dev():
+    """`threshold_results`: the DCS-trained + threshold arm's tau is, for each seed's run, the best of every
+    threshold on that run's dev split by brute force (the baselines' rule), its decisions those of that tau;
+    every arm, thresholded or not, has the distributional DCS of its model."""
+    from dcsjax.training.experiment import threshold_results
+
+    t = 0.75
+    _, lw = loadings_from_threshold(t)
+    start = {"dev": random_dists(40, 0), "test": random_dists(30, 1)}
+    runs = [{"dev": random_dists(40, 10 + s), "test": random_dists(30, 20 + s)} for s in range(2)]
+    ce = [{"dev": random_dists(40, 30), "test": random_dists(30, 31)}]
+    kind = np.array(["answerable"] * 30)
+    entry = threshold_results(t, start, {("top", "dcs+ce", t): runs, ("top", "ce", None): ce}, kind, n_boot=20)
+    for run, tau in zip(runs, entry["policies"]["dcs+ce+tau"]["tau"]):
+        _, confidence = forced(run["dev"])
+        best = max(gains(run["dev"], thresholded(run["dev"], c), lw).sum() for c in [np.inf, *np.unique(confidence)])
+        assert gains(run["dev"], thresholded(run["dev"], tau), lw).sum() == pytest.approx(best)
+    taus = entry["policies"]["dcs+ce+tau"]["tau"]
+    score = np.mean([gains(r["test"], thresholded(r["test"], x), lw) for r, x in zip(runs, taus)])
+    assert entry["policies"]["dcs+ce+tau"]["metrics"]["score"][0] == pytest.approx(score)
+    assert entry["policies"]["dcs+ce+tau"]["metrics"]["dcs"] == entry["policies"]["dcs+ce"]["metrics"]["dcs"]
+    assert entry["policies"]["ce+tau"]["metrics"]["dcs"][0] is not None
+    assert {"dcs+ce+tau - start+tau", "dcs+ce+tau - ce+tau", "dcs+ce - ce+tau"} <= set(entry["paired"])

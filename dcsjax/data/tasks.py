@@ -6,7 +6,7 @@ perplexity protocols rank:
 - `statements`: how APS gets *declarative* statements, if the task has a rule for them: "choices" (the
   options are statements), "cloze" (each option fills `cloze_blank`), "template" (`statement_template`,
   a declarative sentence that carries the question's content, with `choice_words` for options that are
-  labels, as misconceptions' T/F). None: APS needs a statements file (`dcsjax statements generate`).
+  labels, as a T/F task's). None: APS needs a statements file (`dcsjax statements generate`).
 - `qa_template`: the question followed by an option, for `qa-ppl` (not APS: 002 §2 sets it apart).
 """
 

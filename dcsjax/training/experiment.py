@@ -63,8 +63,10 @@ def cached_features(scorer, items, split: str, folder: Path, top_layers: int, lc
 
 THRESHOLDS = (0.25, 0.5, 0.75)
 POLICY_LABELS = {"start": "starting model, own choice", "start+tau": "starting model + threshold",
-                 "ce+tau": "cross-entropy + threshold", "dcs": "DCS at t", "dcs+ce": "DCS + CE at t"}
+                 "ce+tau": "cross-entropy + threshold", "dcs": "DCS at t", "dcs+ce": "DCS + CE at t",
+                 "dcs+tau": "DCS at t + threshold", "dcs+ce+tau": "DCS + CE at t + threshold"}
 BASELINES = ("start+tau", "ce+tau")
+DCS_POLICIES = ("dcs", "dcs+ce", "dcs+tau", "dcs+ce+tau")  # paired against each baseline
 
 
 def run_dir(out: Path, adapter: str, arm: str, seed: int, t: float | None) -> Path:
@@ -240,22 +242,30 @@ def threshold_results(t: float, start: dict, models: dict, kind: np.ndarray, n_b
     policies: dict[str, tuple] = {}  # name -> (Outcomes, extra info)
     tau = tune_threshold(start["dev"], lw)
     policies["start"] = (outcomes([start["test"]], [own_choice(start["test"])], lw, soft=True), {})
-    policies["start+tau"] = (outcomes([start["test"]], [thresholded(start["test"], tau)], lw, soft=False),
+    policies["start+tau"] = (outcomes([start["test"]], [thresholded(start["test"], tau)], lw, soft=True),
                              {"tau": [tau]})
+
+    def with_threshold(runs: list[dict]) -> tuple:
+        """Each run thresholded post hoc, its tau tuned on its own dev split: the baselines' rule exactly.
+        Its distributional DCS is that of the distribution it thresholds (the model's own)."""
+        taus = [tune_threshold(r["dev"], lw) for r in runs]
+        return (outcomes([r["test"] for r in runs], [thresholded(r["test"], x) for r, x in zip(runs, taus)], lw,
+                         soft=True), {"tau": taus})
+
     for (adapter, arm, at), runs in models.items():
         suffix = "" if adapter == "top" else f" ({adapter})"
         if arm == "ce":
-            taus = [tune_threshold(r["dev"], lw) for r in runs]
-            policies["ce+tau" + suffix] = (outcomes([r["test"] for r in runs], [thresholded(r["test"], x)
-                                                    for r, x in zip(runs, taus)], lw, soft=False), {"tau": taus})
+            policies["ce+tau" + suffix] = with_threshold(runs)
         elif at == t:
             policies[arm + suffix] = (outcomes([r["test"] for r in runs], [own_choice(r["test"]) for r in runs], lw,
                                                soft=True), {})
+            # the fair comparison with the baselines: the DCS-trained model under the same post-hoc threshold
+            policies[arm + "+tau" + suffix] = with_threshold(runs)
     entry = {"lw": lw, "policies": {}, "paired": {}}
     for name, (o, info) in policies.items():
         entry["policies"][name] = {"metrics": summarise(o, kind, indices), "seeds": int(o.gain.shape[0]), **info}
     for name, (o, _) in policies.items():
-        if name.split(" ")[0] in ("dcs", "dcs+ce"):
+        if name.split(" ")[0] in DCS_POLICIES:
             suffix = name[len(name.split(" ")[0]):]
             for baseline in BASELINES:
                 for other in (baseline + suffix, baseline):
@@ -278,7 +288,7 @@ def summary_table(results: dict) -> str:
              + (f"; LoRA: {results['lora_layers']} blocks, seeds {results['lora_seeds']}" if results["lora_layers"] else "")
              + f"); seeds {results['seeds']}; metrics pooled over seeds, 95% bootstrap intervals over test items. "
              "A decision scores +1 right, -t/(1-t) wrong, 0 abstained; 'distribution' is DCS of the model's "
-             "whole option+IDK distribution (a thresholded policy has none).", ""]
+             "whole option+IDK distribution (for a thresholded policy, the distribution it thresholds).", ""]
     for t, entry in results["by_threshold"].items():
         body = []
         for name, p in entry["policies"].items():
