@@ -1,4 +1,4 @@
-"""The `dcsjax` command: `fetch`, `models`, `score`, `eval`, `demo` (the README's main job) and `report`."""
+"""The `dcsjax` command: every subcommand parses its arguments here and calls the layers below (`dcsjax --help` lists them)."""
 
 from __future__ import annotations
 
@@ -117,12 +117,6 @@ def cmd_tasks(args) -> int:
     return 0
 
 
-def _protocols():
-    from dcsjax.eval.protocols import registry
-
-    return registry()
-
-
 def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
@@ -173,7 +167,7 @@ def cmd_train_abstain(args) -> int:
     from dataclasses import fields
 
     from dcsjax.training.experiment import run_experiment, summary_table
-    from dcsjax.training.train import TrainConfig
+    from dcsjax.training.config import TrainConfig
 
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
                  if f.name not in ("arm", "seed") and getattr(args, f.name, None) is not None}
@@ -265,7 +259,7 @@ def _statements_parser(sub) -> None:
 
 def _train_parser(sub) -> None:
     from dcsjax.training.data import DEFAULT_TASKS
-    from dcsjax.training.train import TrainConfig
+    from dcsjax.training.config import TrainConfig
 
     d = TrainConfig()
     p = sub.add_parser("train-abstain", help="fine-tune a model to abstain with DCS at target thresholds and compare "
@@ -357,7 +351,7 @@ def _plan_program(program: str, config, mesh, chip, args, dtype) -> dict:
     if program == "decode":
         return plan_decode(config, mesh, chip, args.decode_rows, args.cached, args.new_tokens, dtype)
     from dcsjax.training.plan import plan_training
-    from dcsjax.training.train import TrainConfig
+    from dcsjax.training.config import TrainConfig
 
     return plan_training(config, mesh, chip, TrainConfig(adapter=args.adapter, batch_size=args.train_rows),
                          args.top_layers, args.prompt, dtype=dtype)
@@ -430,7 +424,7 @@ def cmd_lm_eval(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dcsjax.eval.protocols import IDK_PHRASINGS
+    from dcsjax.eval.protocols import IDK_PHRASINGS, PROTOCOL_HELP
     from dcsjax.eval.protocols.options import DEFAULT_ORDER, ORDERS
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -465,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
                             "bigbench:<task>, jsonl:<file>" + (f" (default {','.join(DEMO_TASKS)})" if demo else ""))
         p.add_argument("--protocols", default=None, help=f"default {','.join(DEMO_PROTOCOLS)}, each where the task "
                        "allows it (named ones must run on every task); " + "; ".join(
-                           f"{name}: {protocol.help}" for name, protocol in _protocols().items()))
+                           f"{name}: {text}" for name, text in PROTOCOL_HELP.items()))
         p.add_argument("--option-order", default=DEFAULT_ORDER, choices=ORDERS,
                        help="how options are presented: as the source lists them, shuffled per item (seeded by "
                             "--seed and the item id), or every cyclic rotation averaged (letter protocols)")

@@ -59,3 +59,15 @@ def test_eval_needs_model_and_tasks_and_lists_tasks(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
     assert stop.value.code == 0 and capsys.readouterr().out.startswith("dcsjax ")
+
+
+def test_help_loads_no_model_stack():
+    """`dcsjax --help` and every subcommand's help answer without importing jax (it took seconds when the
+    protocols' help strings and the training defaults were read off jax-importing modules)."""
+    code = ("import sys, contextlib, io\nfrom dcsjax.cli import main\n"
+            "for args in (['--help'], ['eval', '--help'], ['train-abstain', '--help'], ['plan', '--help']):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            "        main(args)\n"
+            "print(sorted(m for m in ('jax', 'flax', 'torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]

@@ -34,7 +34,7 @@ from typing import Sequence
 from dcsjax.data.items import Item
 from dcsjax.data.tasks import load_task, resolve_task
 from dcsjax.errors import DcsjaxError
-from dcsjax.eval.protocols.dcs import IDK_CONTINUATION
+from dcsjax.eval.protocols import IDK_CONTINUATION
 from dcsjax.eval.protocols.options import permute, shuffled
 
 # Knowledge tasks of BIG-bench with 4-8 options, plus known_unknowns (its own IDK option).

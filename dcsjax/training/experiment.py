@@ -37,7 +37,8 @@ from dcsjax.training.policies import (
     METRIC_LABELS, outcomes, own_choice, paired, summarise, thresholded, tune_threshold,
 )
 from dcsjax.eval.tables import render
-from dcsjax.training.train import ARMS, TrainConfig, distributions, merge_top, predict_logits, top_params, train
+from dcsjax.training.config import ARMS
+from dcsjax.training.train import TrainConfig, distributions, merge_top, predict_logits, top_params, train
 
 
 def _log(msg: str) -> None:

@@ -48,11 +48,10 @@ from dcsjax.nn.decoder import (
     run_blocks, unembed,
 )
 from dcsjax.nn.sharding import make_mesh
+from dcsjax.training.config import TrainConfig
 from dcsjax.training.features import LetterFeatures
 from dcsjax.training.loss import dcs_loss, option_ce
 
-ARMS = ("ce", "dcs", "dcs+ce")
-ADAPTERS = ("top", "lora")
 # Blocks under `jax.checkpoint` in the training step: the backward pass recomputes each block's forward
 # from its input instead of keeping every block's activations. A LoRA step over all 30 SmolLM2 blocks on
 # 16 prompts of 192 tokens (XLA's memory analysis; 2 cores): 7.6 GB of temporaries and 18.1 s per update
@@ -61,34 +60,6 @@ REMAT_BLOCKS = True
 
 # LoRA's projections: name -> how many leading (after `layers`) axes are its input (o: heads x head_dim)
 LORA_PROJECTIONS = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1}
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    arm: str = "dcs+ce"
-    seed: int = 0
-    steps: int = 200  # optimizer updates
-    batch_size: int = 16
-    accumulate: int = 1  # micro-batches summed into one update
-    learning_rate: float = 1e-4
-    warmup_steps: int = 20  # learning-rate warm-up, then cosine decay to a tenth
-    weight_decay: float = 0.01
-    beta: float = 1.0  # CE weight in "dcs+ce"
-    gamma: float = 0.0  # KL-to-start weight
-    ce_warmup: int = 50  # "dcs+ce": steps over which the loss hands over from CE to DCS
-    lc: float = 1.0
-    lw: float = 1.0
-    eval_every: int = 25
-    patience: int = 4  # evaluations without a better dev score (`selection_score`) before stopping
-    adapter: str = "top"
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-
-    def __post_init__(self) -> None:
-        if self.arm not in ARMS:
-            raise ValueError(f"arm must be one of {ARMS}, not {self.arm!r}")
-        if self.adapter not in ADAPTERS:
-            raise ValueError(f"adapter must be one of {ADAPTERS}, not {self.adapter!r}")
 
 
 # ------------------------------------------------------------------------------------------------ model

@@ -17,6 +17,7 @@ from dcsjax.eval.protocols import fewshot, options
 # Wordings of "I don't know" that sequence DCS scores; the first is the IDK option's text where an item
 # needs one written out (the letter prompt, the fine-tuning data). See `dcs.py` for why there are several.
 IDK_PHRASINGS = ("I don't know.", "Unknown", "I do not know the answer to this question.")
+IDK_CONTINUATION = IDK_PHRASINGS[0]  # the IDK option's text where an item needs one written out
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def _build() -> dict[str, Protocol]:
         return None if record["abstained"] else record["choice"]
 
     return {p.name: p for p in [
-        Protocol("aps", "perplexity ranking of declarative statements (002 §2)",
+        Protocol("aps", PROTOCOL_HELP["aps"],
                  run=lambda ctx, items: aps.run_aps(ctx.scorer, items, _aps_statements(ctx)),
                  prompt=lambda ctx, item: list(_aps_statements(ctx)(item)),
                  summarise=aps.summarise, headline=lambda r: float(r["correct"]), answer=choice,
@@ -85,19 +86,19 @@ def _build() -> dict[str, Protocol]:
                      "no declarative statements (the card has no cloze blank, statement template or statement "
                      "options): give --statements FILE from `dcsjax statements generate`, or use qa-ppl (question "
                      "+ option perplexity, which is not APS)")),
-        Protocol("qa-ppl", "perplexity ranking of question + option texts (the card's qa_template; not APS)",
+        Protocol("qa-ppl", PROTOCOL_HELP["qa-ppl"],
                  run=lambda ctx, items: aps.run_qa_ppl(ctx.scorer, items, ctx.card.qa_template),
                  prompt=lambda ctx, item: aps.qa_texts(item, ctx.card.qa_template),
                  summarise=aps.summarise, headline=lambda r: float(r["correct"]), answer=choice,
                  settings=lambda ctx: {"template": ctx.card.qa_template}),
-        Protocol("mcqa", "option log-likelihood after the question, four normalisations (002 App. B)",
+        Protocol("mcqa", PROTOCOL_HELP["mcqa"],
                  run=lambda ctx, items: mcqa.run_mcqa(ctx.scorer, items, ctx.card, ctx.exemplars),
                  summarise=mcqa.summarise,
                  headline=lambda r: float(r["correct"]["sum"]), answer=lambda r: r["choice"]["sum"],
                  settings=lambda ctx: {"context": "partial (cloze)" if ctx.card.cloze_blank else ctx.card.mcqa_context,
                                        **ctx.fewshot_settings()},
                  prompt=lambda ctx, item: mcqa.prompt_record(item, ctx.card, ctx.exemplars(item.id) if ctx.exemplars else ())),
-        Protocol("apx", "the prompted answer letter, greedy, parsed as D.2 (002 §2, App. D)",
+        Protocol("apx", PROTOCOL_HELP["apx"],
                  run=lambda ctx, items: apx.run_apx(ctx.scorer, items, ctx.exemplars), summarise=apx.summarise,
                  headline=lambda r: float(r["correct"]), answer=choice, letters=True,
                  settings=lambda ctx: {"instruct": apx.is_instruct(ctx.scorer),
@@ -106,14 +107,14 @@ def _build() -> dict[str, Protocol]:
                  prompt=lambda ctx, item: ctx.scorer.tokenizer.decode(apx.prompt_ids(
                      ctx.scorer, item, ctx.exemplars(item.id) if ctx.exemplars else ())),
                  merge_rotations=lambda ctx, item, records, perms: apx.merge_rotations(item, records, perms)),
-        Protocol("dcs", "DCS from option + IDK continuation likelihoods, under IDK phrasings and normalisations",
+        Protocol("dcs", PROTOCOL_HELP["dcs"],
                  run=lambda ctx, items: dcs.run_dcs_sequences(ctx.scorer, items, ctx.lc, ctx.lw, ctx.idk_phrasings),
                  prompt=lambda ctx, item: {"context": mcqa.mcqa_context(item),
                                            "continuations": dcs.sequence_continuations(item, ctx.idk_phrasings)},
                  summarise=dcs.summarise, headline=lambda r: r["dcs"], answer=idk_answer,
                  settings=lambda ctx: dcs_settings(ctx) | {"idk_phrasings": list(ctx.idk_phrasings),
                                                            "idk_headline": "sum of the phrasings, summed log-likelihood"}),
-        Protocol("dcs-letters", "DCS from the next-token probabilities of the option letters, IDK a lettered option",
+        Protocol("dcs-letters", PROTOCOL_HELP["dcs-letters"],
                  run=lambda ctx, items: dcs.run_dcs_letters(ctx.scorer, items, ctx.lc, ctx.lw),
                  prompt=lambda ctx, item: dict(zip(("context", "continuations"),
                                                    dcs.letters_context(ctx.scorer, item, ctx.lc, ctx.lw)[:2])),
@@ -137,6 +138,14 @@ def registry() -> dict[str, Protocol]:
 
 
 PROTOCOLS = ("aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters")  # registry order, importable without jax
+PROTOCOL_HELP = {  # one line each, for `--help` (which must not wait for jax to import)
+    "aps": "perplexity ranking of declarative statements (002 §2)",
+    "qa-ppl": "perplexity ranking of question + option texts (the card's qa_template; not APS)",
+    "mcqa": "option log-likelihood after the question, four normalisations (002 App. B)",
+    "apx": "the prompted answer letter, greedy, parsed as D.2 (002 §2, App. D)",
+    "dcs": "DCS from option + IDK continuation likelihoods, under IDK phrasings and normalisations",
+    "dcs-letters": "DCS from the next-token probabilities of the option letters, IDK a lettered option",
+}
 DCS_PROTOCOLS = ("dcs", "dcs-letters")  # the protocols whose headline is DCS, under the run's loadings
 
 

@@ -27,10 +27,9 @@ from scipy.special import logsumexp
 
 from dcsjax.data.items import LETTERS, Item
 from dcsjax.metrics.dcs import dcs_parts, softmax_over_options
-from dcsjax.eval.protocols import IDK_PHRASINGS  # the registry holds the default wordings
+from dcsjax.eval.protocols import IDK_CONTINUATION, IDK_PHRASINGS  # the registry holds the default wordings
 from dcsjax.eval.protocols.mcqa import mcqa_context, normalised
 
-IDK_CONTINUATION = IDK_PHRASINGS[0]  # the IDK option's text where an item needs one written out
 IDK_NORMALISATIONS = ("sum", "token", "byte")
 ANY_PHRASING = "any"  # the IDK class as the set of phrasings: the sum of their probabilities
 
