@@ -91,7 +91,7 @@ def cmd_eval(args) -> int:
                        variant=args.variant, option_order=args.option_order, seed=args.seed,
                        idk_phrasings=[p.strip() for p in args.idk_phrasings.split("|")] if args.idk_phrasings else None,
                        skip_unavailable=args.skip_unavailable or args.command == "demo" or args.protocols is None,
-                       num_fewshot=args.num_fewshot, log_samples=args.log_samples)
+                       num_fewshot=args.num_fewshot, log_samples=args.log_samples, include_path=args.include_path)
     import jax
 
     if jax.process_index() == 0:
@@ -104,16 +104,20 @@ def cmd_eval(args) -> int:
     return 0
 
 
+INCLUDE_HELP = ("a folder of task cards (*.toml, as benchmarks/ holds) whose names --tasks then takes; a card's "
+                "relative jsonl: source is read from its folder; repeatable")
+
+
 def cmd_tasks(args) -> int:
     from dcsjax.data.tasks import benchmark_cards
 
     rows = [[c.name, c.source, c.statements or "-", "yes" if c.idk_choice else "-"]
-            for c in benchmark_cards().values()]
+            for c in benchmark_cards(getattr(args, "include_path", ())).values()]
     from dcsjax.eval.tables import render
 
     print(render(["task", "source", "APS statements", "own IDK option"], rows))
     print("\nalso: bigbench:<task> (any BIG-bench multiple-choice task), jsonl:<file> (your own items, one JSON "
-          "object a line)")
+          "object a line), path/to/card.toml (a card of your own; --include-path DIR adds a folder of them)")
     return 0
 
 
@@ -439,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("models", help="list the model cards")
     p.set_defaults(func=cmd_models)
     p = sub.add_parser("tasks", help="list the benchmark cards (the names --tasks takes)")
+    p.add_argument("--include-path", action="append", default=[], metavar="DIR", help=INCLUDE_HELP)
     p.set_defaults(func=cmd_tasks)
     p = sub.add_parser("score", help="token log-probs and perplexity of texts (arguments or stdin lines)")
     p.add_argument("--model", default=DEMO_MODEL, help=MODEL_HELP)
@@ -456,10 +461,11 @@ def main(argv: list[str] | None = None) -> int:
                        help=MODEL_HELP + (f" (default {DEMO_MODEL})" if demo else ""))
         p.add_argument("--tasks", required=not demo, default=",".join(DEMO_TASKS) if demo else None,
                        help="comma-separated: benchmark cards (`dcsjax tasks` lists them; `--tasks list` too), "
-                            "bigbench:<task>, jsonl:<file>" + (f" (default {','.join(DEMO_TASKS)})" if demo else ""))
+                            "bigbench:<task>, jsonl:<file>, path/to/card.toml" + (f" (default {','.join(DEMO_TASKS)})" if demo else ""))
         p.add_argument("--protocols", default=None, help=f"default {','.join(DEMO_PROTOCOLS)}, each where the task "
                        "allows it (named ones must run on every task); " + "; ".join(
                            f"{name}: {text}" for name, text in PROTOCOL_HELP.items()))
+        p.add_argument("--include-path", action="append", default=[], metavar="DIR", help=INCLUDE_HELP)
         p.add_argument("--option-order", default=DEFAULT_ORDER, choices=ORDERS,
                        help="how options are presented: as the source lists them, shuffled per item (seeded by "
                             "--seed and the item id), or every cyclic rotation averaged (letter protocols)")

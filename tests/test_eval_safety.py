@@ -427,3 +427,31 @@ def test_data_errors_stop_the_run_before_the_model_loads(tmp_path):
     stmts.write_text('{"id": "q1", "choices": ["2", "3"]}\n')
     with pytest.raises(InputError, match=f"{stmts}:1: not a statements row: missing field question"):
         run_eval("no-such-model", [task], ["aps"], tmp_path / "out", statements=stmts, progress=False)
+
+
+def test_task_cards_outside_the_package(tmp_path, capsys):
+    """`--include-path DIR` (lm-eval's convention): a folder's cards become task names, a card's relative
+    `jsonl:` source is read from the card's folder, its templates and IDK option apply; a card file can be
+    named as a task; a name defined twice, or a folder that is not there, is an error naming them."""
+    from dcsjax.cli import main
+
+    folder = tmp_path / "my_tasks"
+    folder.mkdir()
+    write_jsonl(folder / "sums.jsonl", [{**row, "choices": [*row["choices"], "No idea"]} for row in ITEMS])
+    (folder / "sums.toml").write_text('name = "sums"\nsource = "jsonl:sums.jsonl"\nidk_choice = "No idea"\n'
+                                      'qa_template = "Sum: {question} = {choice}"\n')
+    summary = evaluate(tmp_path / "out", tasks=("sums",), protocols=("qa-ppl", "dcs-letters"), include_path=[folder])
+    assert {(r["task"], r["protocol"], r["n"], r["errors"]) for r in summary["rows"]} == {
+        ("sums", "qa-ppl", 3, 0), ("sums", "dcs-letters", 3, 0)}
+    records = read_records(tmp_path / "out" / MODEL / "sums" / "dcs-letters.jsonl")
+    assert all(r["probs"] and r["idk_index"] is not None for r in records)  # the card's IDK option found
+    by_file = evaluate(tmp_path / "by_file", tasks=(str(folder / "sums.toml"),), protocols=("qa-ppl",))
+    assert values(by_file) == {("sums", "qa-ppl"): values(summary)[("sums", "qa-ppl")]}
+
+    assert main(["tasks", "--include-path", str(folder)]) == 0
+    assert "jsonl:" + str(folder / "sums.jsonl") in capsys.readouterr().out
+    (folder / "again.toml").write_text('name = "sums"\nsource = "jsonl:sums.jsonl"\n')
+    assert "dcsjax: error: benchmark card 'sums' is defined twice" in cli_error(
+        capsys, "eval", "--model", MODEL, "--tasks", "sums", "--include-path", str(folder))
+    assert "not a folder of benchmark cards" in cli_error(
+        capsys, "eval", "--model", MODEL, "--tasks", "sums", "--include-path", str(tmp_path / "nowhere"))

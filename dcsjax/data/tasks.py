@@ -16,7 +16,8 @@ import re
 
 import tomllib
 from dataclasses import dataclass, replace
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Sequence
 
 from dcsjax.checkpoints.cards import cards_dir
 from dcsjax.data.items import Item, ItemError
@@ -52,24 +53,49 @@ class BenchmarkCard:
         return re.sub(r"^\.+", lambda m: "_" * len(m.group()), slug)
 
 
-def benchmark_cards() -> dict[str, BenchmarkCard]:
-    cards = {}
-    for path in sorted(cards_dir("benchmarks").glob("*.toml")):
-        try:
-            raw = tomllib.loads(path.read_text())
-            cards[raw["name"]] = card = BenchmarkCard(**raw)
-        except (KeyError, TypeError, tomllib.TOMLDecodeError) as err:
-            raise DcsjaxError(f"{path}: malformed benchmark card: {err!r}") from err
-        needs = {"cloze": card.cloze_blank, "template": card.statement_template, "choices": True, None: True}
-        if card.statements not in needs or not needs[card.statements]:
-            raise DcsjaxError(f"{path}: statements = {card.statements!r} needs " + (
-                f"one of {STATEMENT_RULES}" if card.statements not in needs else
-                "cloze_blank" if card.statements == "cloze" else "statement_template"))
+def read_card(path: Path) -> BenchmarkCard:
+    """One card file. A relative `jsonl:` source is read from the card's own folder, so a card and its data
+    can live together anywhere (`--include-path`, or the card file named as a task)."""
+    try:
+        raw = tomllib.loads(path.read_text())
+        card = BenchmarkCard(**raw)
+    except (KeyError, TypeError, OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise DcsjaxError(f"{path}: malformed benchmark card: {err!r}") from err
+    needs = {"cloze": card.cloze_blank, "template": card.statement_template, "choices": True, None: True}
+    if card.statements not in needs or not needs[card.statements]:
+        raise DcsjaxError(f"{path}: statements = {card.statements!r} needs " + (
+            f"one of {STATEMENT_RULES}" if card.statements not in needs else
+            "cloze_blank" if card.statements == "cloze" else "statement_template"))
+    data = card.source.removeprefix("jsonl:")
+    if card.source.startswith("jsonl:") and not Path(data).is_absolute() and path.parent != cards_dir("benchmarks"):
+        card = replace(card, source=f"jsonl:{path.parent / data}")
+    return card
+
+
+def benchmark_cards(include: Sequence[str | Path] = ()) -> dict[str, BenchmarkCard]:
+    """The packaged cards and those in the `include` folders (lm-eval's `--include_path`), by name; a name
+    given twice is an error naming both files."""
+    cards: dict[str, BenchmarkCard] = {}
+    where: dict[str, Path] = {}
+    for folder in [cards_dir("benchmarks"), *map(Path, include)]:
+        if not folder.is_dir():
+            raise DcsjaxError(f"include path {folder}: not a folder of benchmark cards (*.toml)")
+        for path in sorted(folder.glob("*.toml")):
+            card = read_card(path)
+            if card.name in cards:
+                raise DcsjaxError(f"benchmark card {card.name!r} is defined twice: {where[card.name]} and {path}")
+            cards[card.name], where[card.name] = card, path
     return cards
 
 
-def resolve_task(task: str) -> BenchmarkCard:
-    cards = benchmark_cards()
+def resolve_task(task: str, include: Sequence[str | Path] = ()) -> BenchmarkCard:
+    """A card's name (packaged or in an `include` folder), a card file (`path/to/task.toml`), a card's
+    source, `bigbench:<task>` or `jsonl:<file>`."""
+    if task.endswith(".toml"):
+        if not Path(task).is_file():
+            raise DcsjaxError(f"task card {task}: no such file")
+        return read_card(Path(task))
+    cards = benchmark_cards(include)
     if task in cards:
         return cards[task]
     for card in cards.values():
@@ -78,11 +104,9 @@ def resolve_task(task: str) -> BenchmarkCard:
     if task.startswith("bigbench:"):
         return BenchmarkCard(name=task.removeprefix("bigbench:").replace("/", "_"), source=task)
     if task.startswith("jsonl:"):
-        from pathlib import Path
-
         return BenchmarkCard(name=Path(task.removeprefix("jsonl:")).stem, source=task)
-    raise DcsjaxError(f"unknown task {task!r}: not a benchmark card ({', '.join(cards)}), bigbench:<task> "
-                      "nor jsonl:<file>")
+    raise DcsjaxError(f"unknown task {task!r}: not a benchmark card ({', '.join(cards)}), a card file (*.toml), "
+                      "bigbench:<task> nor jsonl:<file>")
 
 
 def load_task(card: BenchmarkCard) -> tuple[list[Item], list[ItemError]]:

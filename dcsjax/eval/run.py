@@ -137,6 +137,7 @@ class EvalConfig:
     num_fewshot: solved exemplars before each question, MCQA-LL and APX only (`protocols.fewshot`).
     log_samples: each record keeps the text(s) the model was given (`prompt`); its raw output is in the
     record already (APX's generation, the log-likelihoods or probabilities of the others).
+    include_path: folders of task cards (`*.toml`) outside the package, as lm-eval's `--include_path`.
     chunk, max_chunk: items per write (`write_spans`); progress: progress bars. Neither changes a result."""
     model: str
     tasks: tuple[str, ...]
@@ -157,6 +158,7 @@ class EvalConfig:
     skip_unavailable: bool = False
     num_fewshot: int = 0
     log_samples: bool = False
+    include_path: tuple[str, ...] = ()
     chunk: int = CHUNK
     max_chunk: int = MAX_CHUNK
     progress: bool = True
@@ -170,6 +172,7 @@ class EvalConfig:
         set_("output", Path(self.output))
         set_("statements", Path(self.statements) if self.statements is not None else None)
         set_("idk_phrasings", tuple(self.idk_phrasings or IDK_PHRASINGS))
+        set_("include_path", tuple(map(str, self.include_path)))
 
     @property
     def loadings(self) -> tuple[float, float]:
@@ -221,7 +224,7 @@ def evaluate(config: EvalConfig, scorer=None) -> dict:
     if not config.tasks:
         raise ConfigError("no task given: name one or more, comma-separated (--tasks)")
     fewshot.check(config.protocols, config.num_fewshot)
-    cards = [resolve_task(task) for task in config.tasks]
+    cards = [resolve_task(task, config.include_path) for task in config.tasks]
     _check_unique_folders(cards)
     plan, skipped = _plan(config, cards)
     lead = distributed.rank() == 0  # the process that reads and writes the files
