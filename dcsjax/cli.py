@@ -11,7 +11,7 @@ import time
 # dcsjax needs no torch: transformers' advice that it is missing would only mislead
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from dcsjax.errors import DcsjaxError, Terminated, clear_stop_request, request_stop
+from dcsjax.errors import ConfigError, DcsjaxError, Terminated, clear_stop_request, request_stop
 
 DEMO_MODEL = "smollm2-135m-instruct"
 DEMO_TASKS = ("known_unknowns", "logical_deduction_three_objects", "misconceptions", "hindu_knowledge",
@@ -106,6 +106,41 @@ def cmd_eval(args) -> int:
 
 INCLUDE_HELP = ("a folder of task cards (*.toml, as benchmarks/ holds) whose names --tasks then takes; a card's "
                 "relative jsonl: source is read from its folder; repeatable")
+
+
+CONFIG_HELP = ("a TOML file of this command's settings, one key per flag (model = \"...\", tasks = [\"...\"], "
+               "limit = 20, log_samples = true); flags given on the command line win")
+
+
+def _with_config(commands: dict, argv: list[str]) -> list[str]:
+    """`COMMAND --config FILE ...` -> COMMAND, the file's settings as flags, then the command line's own (so
+    those win). A key that is no flag of the command is an error naming the file and the key."""
+    import tomllib
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    if not argv or argv[0] not in commands:
+        return argv
+    known, rest = pre.parse_known_args(argv[1:])
+    if known.config is None:
+        return argv
+    try:
+        settings = tomllib.loads(open(known.config, encoding="utf-8").read())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise ConfigError(f"--config {known.config}: cannot read it as TOML: {err}") from err
+    flags = commands[argv[0]]._option_string_actions
+    expanded = []
+    for key, value in settings.items():
+        flag = "--" + key.replace("_", "-")
+        if flag not in flags or key in ("config", "help"):
+            raise ConfigError(f"--config {known.config}: {key!r} is not a setting of `dcsjax {argv[0]}`")
+        if isinstance(value, bool):
+            expanded += [flag] if value else []
+        elif isinstance(value, list) and flags[flag].nargs is None and not isinstance(flags[flag], argparse._AppendAction):
+            expanded += [flag, ",".join(map(str, value))]
+        else:
+            expanded += [x for v in (value if isinstance(value, list) else [value]) for x in (flag, str(v))]
+    return [argv[0], *expanded, *rest]
 
 
 def cmd_tasks(args) -> int:
@@ -465,7 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--protocols", default=None, help=f"default {','.join(DEMO_PROTOCOLS)}, each where the task "
                        "allows it (named ones must run on every task); " + "; ".join(
                            f"{name}: {text}" for name, text in PROTOCOL_HELP.items()))
-        p.add_argument("--include-path", action="append", default=[], metavar="DIR", help=INCLUDE_HELP)
+        p.add_argument("--include-path", "--include_path", action="append", default=[], metavar="DIR", help=INCLUDE_HELP)
+        p.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
         p.add_argument("--option-order", default=DEFAULT_ORDER, choices=ORDERS,
                        help="how options are presented: as the source lists them, shuffled per item (seeded by "
                             "--seed and the item id), or every cyclic rotation averaged (letter protocols)")
@@ -479,12 +515,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--limit", type=_positive_int, default=DEMO_LIMIT if name == "demo" else None,
                        help="the first N items of each task")
         p.add_argument("--threshold", type=_threshold, default=None, help="DCS loadings lc = 1, lw = t / (1 - t)")
-        p.add_argument("--output", "--out", default="results",
+        p.add_argument("--output", "--out", "--output_path", default="results",
                        help="results folder: per-item records, summary.json (default results)")
-        p.add_argument("--num-fewshot", type=_whole(0, "exemplars"), default=0, metavar="K",
+        p.add_argument("--num-fewshot", "--num_fewshot", type=_whole(0, "exemplars"), default=0, metavar="K",
                        help="K solved exemplars before each question (mcqa and apx only: pass --protocols mcqa,apx), "
                             "drawn per item from the task's other items, seeded by --seed; each record names them")
-        p.add_argument("--log-samples", action="store_true",
+        p.add_argument("--log-samples", "--log_samples", action="store_true",
                        help="each record keeps the text the model was given (its raw output is recorded anyway)")
         p.add_argument("--format", default="text", choices=["text", "markdown"],
                        help="the printed results table: aligned text, or GitHub Markdown to paste into a report")
@@ -494,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
                             "run" + (" (always on for demo)" if name == "demo" else ""))
         p.add_argument("--statements", default=None,
                        help="APS statements from `dcsjax statements generate`; only the items it holds are scored")
-        p.add_argument("--batch-size", type=_rows, default=16,
+        p.add_argument("--batch-size", "--batch_size", type=_rows, default=16,
                        help="rows per batch (default 16); scores do not depend on it")
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                        help="parameter dtype; log-probs are float32 either way")
@@ -525,6 +561,11 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_export_lm_eval)
     sub.add_parser("lm-eval", help="lm-evaluation-harness's command line with `--model dcsjax` registered "
                    "(every argument is lm-eval's; needs the lm-eval extra)", add_help=False)
+    try:
+        argv = _with_config(sub.choices, argv)
+    except DcsjaxError as err:
+        print(f"dcsjax: error: {err}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     clear_stop_request()
     previous = signal.signal(signal.SIGTERM, request_stop) if _main_thread() else None

@@ -71,3 +71,26 @@ def test_help_loads_no_model_stack():
             "print(sorted(m for m in ('jax', 'flax', 'torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
+
+
+def test_config_file_and_lm_eval_spellings(tmp_path, monkeypatch, capsys):
+    """`--config FILE` (TOML, one key per flag; the command line wins) and lm-eval's spellings of the shared
+    flags (`--output_path`, `--log_samples`, `--num_fewshot`, `--batch_size`, `--include_path`)."""
+    import dcsjax.cli as cli
+
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_eval", lambda args: seen.update(vars(args)) or 0)
+    config = tmp_path / "run.toml"
+    config.write_text('model = "gemma3-270m"\ntasks = ["known_unknowns", "hindu_knowledge"]\nlimit = 3\n'
+                      'log_samples = true\nprotocols = "mcqa,apx"\ninclude_path = ["a", "b"]\n')
+    assert cli.main(["eval", "--config", str(config), "--limit", "5", "--output_path", "out", "--num_fewshot", "2",
+                     "--batch_size", "8"]) == 0
+    assert (seen["model"], seen["tasks"], seen["limit"], seen["log_samples"], seen["protocols"]) == (
+        "gemma3-270m", "known_unknowns,hindu_knowledge", 5, True, "mcqa,apx")
+    assert (seen["output"], seen["num_fewshot"], seen["batch_size"], seen["include_path"]) == ("out", 2, 8, ["a", "b"])
+    config.write_text('modle = "gemma3-270m"\n')
+    assert cli.main(["eval", "--config", str(config)]) == 2
+    assert f"--config {config}: 'modle' is not a setting of `dcsjax eval`" in capsys.readouterr().err
+    config.write_text('model = "gemma3-270m\n')
+    assert cli.main(["eval", "--config", str(config)]) == 2
+    assert "cannot read it as TOML" in capsys.readouterr().err
