@@ -149,3 +149,43 @@ def test_jsonl_rows_are_checked_by_field_and_repeated_ids_refused_naming_both_li
         (f"{path}:6", "answer: 'z' is not an option's index, text or letter"),
         (f"{path}:7", "idk: 'C' is not an option's index, text or letter"),
     ]
+
+
+def test_json_and_csv_files_with_a_field_mapping(tmp_path):
+    """The same three items as JSONL, a JSON array and CSV (options as columns A-D, and as one column holding a
+    list), answers given as index, letter and text, read through a card's `fields`; bad rows named by file
+    and line (a JSON array's element), never dropped."""
+    from dcsjax.data.tasks import read_card
+
+    want = [("q1", "2 + 2?", ("3", "4", "5"), (1,), None), ("q2", "Capital of France?", ("Rome", "Paris", "I don't know"), (1,), 2),
+            ("q3", "Red is a", ("colour", "sound"), (0,), None)]
+    rows = [{"qid": "q1", "prompt": "2 + 2?", "options": ["3", "4", "5"], "label": 1},
+            {"qid": "q2", "prompt": "Capital of France?", "options": ["Rome", "Paris", "I don't know"], "label": "B",
+             "abstain": "I don't know"},
+            {"qid": "q3", "prompt": "Red is a", "options": ["colour", "sound"], "label": "colour"}]
+    fields = 'fields = { id = "qid", question = "prompt", choices = "options", answer = "label", idk = "abstain" }\n'
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "t.json").write_text(json.dumps(rows))
+    (tmp_path / "t.csv").write_text('qid,prompt,A,B,C,label,abstain\nq1,2 + 2?,3,4,5,1,\n'
+                                    'q2,Capital of France?,Rome,Paris,I don\'t know,B,I don\'t know\nq3,Red is a,colour,sound,,colour,\n')
+    (tmp_path / "lists.csv").write_text('qid,prompt,options,label,abstain\nq1,2 + 2?,"[""3"", ""4"", ""5""]",1,\n'
+                                        'q2,Capital of France?,"[""Rome"", ""Paris"", ""I don\'t know""]",B,I don\'t know\n'
+                                        'q3,Red is a,"[""colour"", ""sound""]",colour,\n')
+    for name, mapping in [("t.jsonl", fields), ("t.json", fields), ("lists.csv", fields),
+                          ("t.csv", fields.replace('choices = "options"', 'choices = ["A", "B", "C"]'))]:
+        kind = name.rsplit(".", 1)[1]
+        (tmp_path / "card.toml").write_text(f'name = "t"\nsource = "{kind}:{name}"\n' + mapping)
+        items, errors = load_task(read_card(tmp_path / "card.toml"))
+        assert not errors, (name, errors)
+        assert [(i.id, i.question, i.choices, i.correct, i.idk) for i in items] == want, name
+
+    # a CSV without a card: question, answer and the options' columns A, B, ...
+    (tmp_path / "plain.csv").write_text("question,A,B,answer\nSky?,blue,green,A\nGrass?,blue,green,\nSea?,wet\n")
+    items, errors = load_task(resolve_task(f"csv:{tmp_path / 'plain.csv'}"))
+    assert [(i.question, i.correct) for i in items] == [("Sky?", (0,))]
+    assert [(e.where, e.reason) for e in errors] == [(f"{tmp_path / 'plain.csv'}:3", "missing field answer"),
+                                                     (f"{tmp_path / 'plain.csv'}:4", "missing field answer")]
+    (tmp_path / "bad.json").write_text('[{"question": "a?", "choices": ["x", "y"], "answer": 0}, 7]')
+    items, errors = load_task(resolve_task(f"json:{tmp_path / 'bad.json'}"))
+    assert len(items) == 1 and [(e.where, e.reason) for e in errors] == [(f"{tmp_path / 'bad.json'}:2",
+                                                                          "an element must be a JSON object")]

@@ -1,17 +1,22 @@
-"""Local benchmark files in the item format, one JSON object per line:
+"""Local benchmark files: JSONL (one JSON object a line), JSON (an array of objects) or CSV (a header row),
+each row one item:
 
     {"id": "q1", "question": "...", "choices": ["...", "..."], "answer": 1,
      "statements": ["...", "..."], "idk": null}
 
 `answer` is a 0-based index, an option's own text, a letter, or a list of those (several correct options);
 `idk` (the "I don't know" option, optional) likewise; `id` (unique in the file) and `statements` are
-optional. A line that is broken JSON, lacks a field, holds a field of the wrong type, repeats an earlier
-line's id or fails a check becomes an `ItemError` naming the file, the line and the field, so a malformed
-row is reported, never dropped.
+optional. A card's `fields` maps these names to the file's own columns (`choices` to one column holding a
+list, or to a list of columns, one option each); a CSV without a `choices` column takes its options from
+the columns named A, B, C, ... . A row that is broken, lacks a field, holds a field of the wrong type,
+repeats an earlier row's id or fails a check becomes an `ItemError` naming the file, the line (a JSON
+array's element number) and the field, so a malformed row is reported, never dropped.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 from typing import Iterator
@@ -30,6 +35,8 @@ def _index(value, choices: tuple[str, ...], field: str) -> int:
             return choices.index(value)
         if len(value) == 1 and value.upper() in LETTERS[:len(choices)]:
             return LETTERS.index(value.upper())
+        if value.strip().isdigit():  # a CSV cell holds every index as text
+            return int(value)
     raise ValueError(f"{field}: {value!r} is not an option's index, text or letter")
 
 
@@ -68,16 +75,75 @@ def jsonl_rows(path: str | Path) -> Iterator[tuple[int, dict | None, str | None]
         yield number, row, None
 
 
-def jsonl_items(path: str | Path) -> tuple[list[Item], list[ItemError]]:
+FILE_KINDS = ("jsonl", "json", "csv")
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except OSError as err:
+        raise InputError(f"{path}: cannot read it: {err.strerror or err}") from err
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: not UTF-8 (byte 0x{err.object[err.start]:02x} at offset {err.start})") from err
+
+
+def json_rows(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:
+    """A JSON array's elements, numbered from 1, as `jsonl_rows` gives lines."""
+    try:
+        data = json.loads(_read_text(path))
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}: broken JSON at line {err.lineno}: {err.msg}") from err
+    if not isinstance(data, list):
+        raise InputError(f"{path}: a JSON task file holds an array of objects, not a {type(data).__name__}")
+    for number, row in enumerate(data, start=1):
+        yield (number, row, None) if isinstance(row, dict) else (number, None, "an element must be a JSON object")
+
+
+def csv_rows(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:
+    """A CSV file's rows under its header, numbered by the line each ends on; empty cells are absent."""
+    reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
+    try:
+        for row in reader:
+            if None in row:
+                yield reader.line_num, None, f"{len(row[None])} cell(s) more than the header's {len(reader.fieldnames)}"
+                continue
+            yield reader.line_num, {k: v for k, v in row.items() if v not in (None, "")}, None
+    except csv.Error as err:
+        yield reader.line_num, None, f"broken CSV: {err}"
+
+
+def _mapped(row: dict, fields: dict | None, kind: str) -> dict:
+    """The row under the item's field names (`fields`: item field -> column, or list of columns for choices)."""
+    fields = dict(fields or {})
+    if kind == "csv" and "choices" not in fields and "choices" not in row:
+        fields["choices"] = [letter for letter in LETTERS if letter in row]
+    out = {k: v for k, v in row.items() if k not in fields.values()}
+    for name, column in fields.items():
+        if isinstance(column, list):
+            out[name] = [row[c] for c in column if c in row]
+        elif column in row:
+            out[name] = row[column]
+    return out
+
+
+def file_items(path: str | Path, kind: str = "jsonl", fields: dict | None = None) -> tuple[list[Item], list[ItemError]]:
+    """Items of a local file of `kind` (FILE_KINDS), its columns mapped by `fields` (a card's)."""
     path = Path(path)
+    rows = {"jsonl": jsonl_rows, "json": json_rows, "csv": csv_rows}[kind](path)
     items: list[Item] = []
     errors: list[ItemError] = []
     first_line: dict[str, int] = {}  # id -> the line that holds it
-    for number, row, problem in jsonl_rows(path):
+    for number, row, problem in rows:
         where = f"{path}:{number}"
         if problem is not None:
             errors.append(ItemError(where, problem))
             continue
+        row = _mapped(row, fields, kind)
+        if kind == "csv" and isinstance(row.get("choices"), str):  # one cell holding a JSON list
+            try:
+                row["choices"] = json.loads(row["choices"])
+            except json.JSONDecodeError:
+                pass  # reported below as not a list of strings
         try:
             missing = [k for k in ("question", "choices", "answer") if k not in row]
             if missing:
@@ -103,6 +169,10 @@ def jsonl_items(path: str | Path) -> tuple[list[Item], list[ItemError]]:
         checked = check_item(item, where)
         (items if isinstance(checked, Item) else errors).append(checked)
     return items, errors
+
+
+def jsonl_items(path: str | Path) -> tuple[list[Item], list[ItemError]]:
+    return file_items(path, "jsonl")
 
 
 def read_statements(path: Path) -> list[dict]:

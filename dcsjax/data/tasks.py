@@ -40,6 +40,7 @@ class BenchmarkCard:
     qa_template: str = QA_TEMPLATE  # question + option, for qa-ppl
     mcqa_context: str = "Question: {question}\nAnswer:"  # the context MCQA-LL continues with " " + option
     # hub datasets (source "hub:<dataset>"): its config, split and row schema (dcsjax/data/hub.py)
+    fields: dict | None = None  # a local file's columns: item field -> column (`dcsjax/data/jsonl.py`)
     hub_config: str | None = None
     split: str = "test"
     schema: str | None = None
@@ -66,10 +67,18 @@ def read_card(path: Path) -> BenchmarkCard:
         raise DcsjaxError(f"{path}: statements = {card.statements!r} needs " + (
             f"one of {STATEMENT_RULES}" if card.statements not in needs else
             "cloze_blank" if card.statements == "cloze" else "statement_template"))
-    data = card.source.removeprefix("jsonl:")
-    if card.source.startswith("jsonl:") and not Path(data).is_absolute() and path.parent != cards_dir("benchmarks"):
-        card = replace(card, source=f"jsonl:{path.parent / data}")
+    local = local_file(card.source)
+    if local and not Path(local[1]).is_absolute() and path.parent != cards_dir("benchmarks"):
+        card = replace(card, source=f"{local[0]}:{path.parent / local[1]}")
     return card
+
+
+def local_file(source: str) -> tuple[str, str] | None:
+    """(kind, path) of a `jsonl:`, `json:` or `csv:` source; None for any other."""
+    from dcsjax.data.jsonl import FILE_KINDS
+
+    kind, _, path = source.partition(":")
+    return (kind, path) if kind in FILE_KINDS and path else None
 
 
 def benchmark_cards(include: Sequence[str | Path] = ()) -> dict[str, BenchmarkCard]:
@@ -103,10 +112,10 @@ def resolve_task(task: str, include: Sequence[str | Path] = ()) -> BenchmarkCard
             return card
     if task.startswith("bigbench:"):
         return BenchmarkCard(name=task.removeprefix("bigbench:").replace("/", "_"), source=task)
-    if task.startswith("jsonl:"):
-        return BenchmarkCard(name=Path(task.removeprefix("jsonl:")).stem, source=task)
+    if local := local_file(task):
+        return BenchmarkCard(name=Path(local[1]).stem, source=task)
     raise DcsjaxError(f"unknown task {task!r}: not a benchmark card ({', '.join(cards)}), a card file (*.toml), "
-                      "bigbench:<task> nor jsonl:<file>")
+                      "bigbench:<task> nor jsonl:, json: or csv:<file>")
 
 
 def load_task(card: BenchmarkCard) -> tuple[list[Item], list[ItemError]]:
@@ -118,10 +127,10 @@ def load_task(card: BenchmarkCard) -> tuple[list[Item], list[ItemError]]:
         from dcsjax.data.hub import hub_items
 
         items, errors = hub_items(card.name, card.source.removeprefix("hub:"), card.schema, card.hub_config, card.split)
-    elif card.source.startswith("jsonl:"):
-        from dcsjax.data.jsonl import jsonl_items
+    elif local := local_file(card.source):
+        from dcsjax.data.jsonl import file_items
 
-        items, errors = jsonl_items(card.source.removeprefix("jsonl:"))
+        items, errors = file_items(local[1], local[0], card.fields)
     else:
         raise DcsjaxError(f"card {card.name}: source {card.source!r} is not supported")
     if card.statements == "choices":
@@ -151,7 +160,7 @@ def declarative_statements(card: BenchmarkCard) -> Callable[[Item], list[str]] |
         return lambda item: [card.statement_template.format(
             question=item.question, input=item.source.get("input", item.question), choice=words.get(c.strip(), c))
             for c in item.choices]
-    if card.source.startswith("jsonl:"):
+    if local_file(card.source):
         return lambda item: list(item.statements) if item.statements else _no_statements(item)
     return None
 

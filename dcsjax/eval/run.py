@@ -64,11 +64,12 @@ def protocol_settings(protocol: str, ctx, order: str, seed: int) -> dict:
 def task_identity(card, items, statements_file: Path | None) -> dict:
     """The task's card and a digest of every item it holds (so a changed source file is a changed task)."""
     from dcsjax.checkpoints.fetch import sha256_file
+    from dcsjax.data.tasks import local_file
 
     rows = [[i.id, i.question, list(i.choices), list(i.correct), i.statements and list(i.statements), i.idk]
             for i in items]
     card_fields = asdict(card)
-    if card.source.startswith("jsonl:"):  # a local file is known by its items, not by how its path was spelled
+    if local_file(card.source):  # a local file is known by its items, not by how its path was spelled
         card_fields.pop("source")
     identity = {"card": card_fields, "items": results.digest(rows, 32)}
     if statements_file is not None:

@@ -60,7 +60,9 @@ def _aps_statements(ctx: Context):
 
 
 def _aps_source(ctx: Context) -> str:
-    return "file" if ctx.statements_file else ctx.card.statements or ("file rows" if ctx.card.source.startswith("jsonl:") else "none")
+    from dcsjax.data.tasks import local_file
+
+    return "file" if ctx.statements_file else ctx.card.statements or ("file rows" if local_file(ctx.card.source) else "none")
 
 
 def _build() -> dict[str, Protocol]:
