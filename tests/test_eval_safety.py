@@ -86,6 +86,13 @@ def test_over_long_and_non_utf8_items_are_error_records_while_the_rest_is_scored
     summary = evaluate(tmp_path / "out", [f"jsonl:{path}"], ["dcs", "qa-ppl"], limit=None)
     for r in summary["rows"]:
         assert r["n"] == 2 and r["errors"] == 2 and r["value"] is not None
+    # the table shows each error, not only its count: the bad line once for the task, the long item per protocol
+    from dcsjax.eval.run import format_table
+
+    notes = [line for line in format_table(summary).splitlines() if line.startswith("err ")]
+    assert sum(f"{path}:3: not UTF-8" in line for line in notes) == 1
+    assert sum(line.startswith(f"err {MODEL} bad dcs: long: dcs:") for line in notes) == 1
+    assert sum(line.startswith(f"err {MODEL} bad qa-ppl: long: qa-ppl:") for line in notes) == 1
     errors = read_errors(tmp_path / "out" / MODEL / "bad")
     assert {"where": f"{path}:3", "error": "not UTF-8 (byte 0xe9 at column 34)"} in errors
     long_errors = [e for e in errors if e["where"] == "long"]

@@ -300,14 +300,14 @@ def _score_task(config: EvalConfig, card, loaded: dict, runnable, scorer, writer
     ctx = _context(config, card, scorer, all_items)  # exemplars come from all the task's items, never the item
     rows = []
     for protocol in runnable:
-        row = _score_protocol(config, card, protocol, ctx, task, items, len(errors), writer, lead)
+        row = _score_protocol(config, card, protocol, ctx, task, items, errors, writer, lead)
         if row is not None:
             rows.append(row)
     return rows
 
 
-def _score_protocol(config: EvalConfig, card, protocol: str, ctx, task: dict, items, load_errors: int, writer,
-                    lead: bool) -> dict | None:
+def _score_protocol(config: EvalConfig, card, protocol: str, ctx, task: dict, items, load_errors: list[dict],
+                    writer, lead: bool) -> dict | None:
     """Resume (the records of this fingerprint only), score the rest in growing writes, and summarise: the
     protocol's summary row (None on a process that does not write)."""
     from dcsjax.engine import distributed
@@ -352,11 +352,15 @@ def _score_protocol(config: EvalConfig, card, protocol: str, ctx, task: dict, it
     by_id = {r["id"]: r for r in results.read_records(path)}
     records = [by_id[i.id] for i in items if i.id in by_id]
     lc, lw = config.loadings
-    row = summary_row(scorer.name, card.name, protocol, records, load_errors + len(scoring_errors), lc, lw,
+    row = summary_row(scorer.name, card.name, protocol, records, len(load_errors) + len(scoring_errors), lc, lw,
                       fingerprint, settings["settings"], time.perf_counter() - start)
     # which records the row was made from: `report` reads these and no others (a later run with another
-    # --limit adds records to the file, not to this row)
-    return {**row, "folder": card.slug, "ids": [r["id"] for r in records]}
+    # --limit adds records to the file, not to this row); the first errors, for the table to show
+    examples = [f"{e['where']}: {e['error']}" for e in [*load_errors, *scoring_errors][:ERROR_EXAMPLES]]
+    return {**row, "folder": card.slug, "ids": [r["id"] for r in records], "error_examples": examples}
+
+
+ERROR_EXAMPLES = 3  # errors a summary row quotes (every one is in the task's errors files)
 
 
 def length_hint(item) -> int:
@@ -466,6 +470,15 @@ def format_table(summary: dict, fmt: str = "text") -> str:
     lines = [render(header, rows, fmt, numeric=(3, 4, 6, 8))]
     notes = [f"! {r['model']} {r['task']} {r['protocol']}: {w}" for r in summary["rows"] for w in r.get("warnings", [])]
     notes += [f"† {note}" for note in dict.fromkeys(r["loadings_note"] for r in summary["rows"] if r.get("loadings_note"))]
+    quoted = set()  # a task's load errors are every protocol's: quoted once
+    for r in summary["rows"]:
+        for line in r.get("error_examples") or []:
+            if (r["model"], r["task"], line) not in quoted:
+                quoted.add((r["model"], r["task"], line))
+                notes.append(f"err {r['model']} {r['task']} {r['protocol']}: {line}")
+        if r["errors"] > len(r.get("error_examples") or []):
+            notes.append(f"err {r['model']} {r['task']} {r['protocol']}: {r['errors']} in all, every one in the "
+                         f"task folder's errors.jsonl and {r['protocol']}.errors.jsonl")
     reasons: dict = {}  # one line per protocol and reason, naming its tasks
     for s in summary.get("skipped", []):
         reasons.setdefault((s["protocol"], s["reason"]), []).append(s["task"])
