@@ -65,7 +65,7 @@ def test_gpu_script_small_config_on_cpu(tmp_path, monkeypatch):
 
 
 def test_lm_eval_backends_script_quick(tmp_path, monkeypatch):
-    result = run(["bench/lm_eval_backends.py", "--items", "8", "--arc-only"], tmp_path, monkeypatch)
+    result = run(["bench/lm_eval_backends.py", "--items", "4", "--arc-only"], tmp_path, monkeypatch)
     assert [r["backend"] for r in result["rows"]] == ["dcsjax", "hf"]
     assert all(r["first_run_s"] > 0 and r["loaded_run_s"] > 0 for r in result["rows"])
     assert result["metrics"]["dcsjax"] == result["metrics"]["hf"]  # the same accuracies from both backends

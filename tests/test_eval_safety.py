@@ -182,8 +182,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "--seed: must be a whole number of seed values (numpy's generators take no negative seed), at least 0, " \
         "not '-1'" in cli_error(capsys, "eval", "--seed", "-1", *out)
     for rows in ("0", "-4", "two"):
-        assert f"--batch-size: must be a whole number of rows, at least 1, not '{rows}'" in \
-            cli_error(capsys, "eval", "--batch-size", rows, *out)
+        assert f"--batch-size/--batch_size: must be a whole number of rows, at least 1, not '{rows}'" in \
+            cli_error(capsys, "eval", "--batch-size", rows, *out)  # the flag and its lm-eval spelling
     assert "dcsjax: error: no task given: name one or more, comma-separated (--tasks)" in \
         cli_error(capsys, "eval", "--tasks", ",", *model)
     assert "strictly between 0 and 1, not '1.5'" in cli_error(capsys, "eval", "--threshold", "1.5", *out)
