@@ -3,6 +3,12 @@ resumable writer (records written in growing chunks, `evaluate.write_spans`) cos
 
     python bench/eval_end_to_end.py                       # MCQA-LL on 320 timedial items, SmolLM2
     python bench/eval_end_to_end.py --task general_knowledge --protocol apx --items 256
+    python bench/eval_end_to_end.py --task hindu_knowledge --protocol all --items 60   # shared forward passes
+
+With `--protocol all`: `dcsjax eval` of every protocol on the task without and with the run's shared
+continuations (MCQA-LL and sequence DCS score the same options after the same question), after an untimed
+run that compiles every shape: forward-pass sequences (option continuations and texts scored), seconds, and
+whether every record is the same (bit-identical scores).
 
 Both sides score the same items with the same protocol, option order and scorer (compiles done first, on
 the same shapes, by an untimed pass of the engine); `eval` includes reading the task, fingerprints,
@@ -28,10 +34,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--task", default="timedial")
-    parser.add_argument("--protocol", default="mcqa")
+    parser.add_argument("--protocol", default="mcqa", help="one protocol, or all (the shared forward passes)")
     parser.add_argument("--items", type=int, default=320)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args()
+    if args.protocol == "all":
+        return sharing(args)
     scorer = dcsjax.load(args.model)
     card = resolve_task(args.task)
     items = load_task(card)[0][:args.items]
@@ -56,6 +64,49 @@ def main() -> None:
     path = write_record(args.out, "eval-end-to-end", record, args)
     print(f"dcsjax eval / one engine call: {record['eval_over_engine']}x ({eval_s:.1f} s against {engine_s:.1f} s, "
           f"{len(items)} items, writes of {record['writes']}); wrote {path}")
+
+
+def sharing(args) -> None:
+    """Every protocol on one task, without and with the run's continuation cache, same process and scorer."""
+    import dcsjax
+    from dcsjax.data.tasks import resolve_task
+    from dcsjax.engine.scorer import Scorer
+    from dcsjax.eval.run import read_records, run_eval
+
+    scorer = dcsjax.load(args.model)
+    card = resolve_task(args.task)
+    counted = {"sequences": 0}
+    run_groups = Scorer._run_groups
+
+    def counting(self, groups, greedy=False):  # each group: a prefix and its suffixes, one forward-pass slot each
+        counted["sequences"] += sum(max(1, len(g.suffixes)) for g in groups)
+        return run_groups(self, groups, greedy)
+
+    Scorer._run_groups = counting
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, share in (("warm-up", True), ("separate", False), ("shared", True)):
+            counted["sequences"] = 0
+            start = time.perf_counter()
+            summary = run_eval(args.model, [args.task], ["aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters"],
+                               Path(tmp) / name, limit=args.items, scorer=scorer, progress=False,
+                               skip_unavailable=True, share_continuations=share)
+            seconds = time.perf_counter() - start
+            folder = Path(tmp) / name / scorer.name / card.slug
+            records = {r["protocol"]: read_records(folder / f"{r['protocol']}.jsonl") for r in summary["rows"]}
+            runs[name] = {"seconds": round(seconds, 2), "sequences": counted["sequences"], "records": records}
+    Scorer._run_groups = run_groups
+    same = runs["separate"]["records"] == runs["shared"]["records"]
+    record = {"model": args.model, "task": args.task, "items": args.items,
+              "protocols": sorted(runs["shared"]["records"]),
+              **{name: {k: v for k, v in run.items() if k != "records"} for name, run in runs.items()},
+              "sequences_saved": runs["separate"]["sequences"] - runs["shared"]["sequences"],
+              "speedup": round(runs["separate"]["seconds"] / runs["shared"]["seconds"], 3),
+              "same_records": same}
+    path = write_record(args.out, "eval-sharing", record, args)
+    print(f"{args.task}, {args.items} items, every protocol: {runs['separate']['sequences']} sequences and "
+          f"{runs['separate']['seconds']:.1f} s without sharing, {runs['shared']['sequences']} and "
+          f"{runs['shared']['seconds']:.1f} s with it; records {'identical' if same else 'DIFFER'}; wrote {path}")
 
 
 if __name__ == "__main__":

@@ -107,3 +107,23 @@ def test_a_scorer_is_immutable_and_replace_shares_the_model(tiny):
     assert [x.tolist() for x in one.token_logprobs(texts)] == [x.tolist() for x in tiny.token_logprobs(texts)]
     with pytest.raises(ValueError, match="batch_size must be at least 1"):
         tiny.replace(batch_size=0)
+
+
+def test_a_shared_continuation_is_scored_once_with_the_same_scores(tiny, monkeypatch):
+    """With a continuation cache (what `dcsjax eval` gives each run), a (context, option) pair scored by one
+    protocol is not scored again by the next (MCQA-LL then sequence DCS, which adds IDK continuations), and its
+    log-probs are bit-identical to scoring without the cache."""
+    contexts = ["Question: What is 2 + 2?\nAnswer:", "Question: What colour is the sky?\nAnswer:"]
+    options = [[" 4", " 5"], [" blue", " green", " red"]]
+    with_idk = [opts + [" I don't know.", " Unknown"] for opts in options]
+    plain = tiny.option_logprobs(contexts, with_idk)
+    shared = tiny.replace(continuation_cache={})
+    scored = []
+    run_groups = Scorer._run_groups
+    monkeypatch.setattr(Scorer, "_run_groups", lambda self, groups, greedy=False: scored.append(
+        sum(len(g.suffixes) for g in groups)) or run_groups(self, groups, greedy))
+    first = shared.option_logprobs(contexts, options)
+    second = shared.replace(batch_size=3).option_logprobs(contexts, with_idk)  # `replace` shares the cache
+    assert scored == [5, 4]  # the second call scores only the four IDK continuations
+    for got, want in zip([*first, *second], [*[p[:len(o)] for p, o in zip(plain, options)], *plain]):
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))

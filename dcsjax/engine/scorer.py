@@ -66,6 +66,11 @@ class Scorer:
     # part of every result record's fingerprint (`dcsjax.eval.results`)
     model_fingerprint: dict | None = None
     variant: str | None = None  # "base" or "instruct": the card's, or what the caller said; None: not known
+    # (context ids, continuation ids) -> that continuation's token log-probs, shared by every `replace` of
+    # this scorer: a run's protocols score the same option after the same question once (MCQA-LL and
+    # sequence DCS). Exact, since a continuation's scores do not depend on what shares its row or batch.
+    # None: no sharing. `dcsjax eval` gives each run its own.
+    continuation_cache: dict | None = None
 
     @property
     def is_instruct(self) -> bool | None:
@@ -181,23 +186,29 @@ class Scorer:
         """
         if len(contexts) != len(options):
             raise InputError(f"{len(contexts)} contexts but {len(options)} option lists")
-        groups, owners = [], []  # owners[g] = [(item, option index)] scored by suffixes of group g
+        cache = self.continuation_cache
+        out: list[list] = [[None] * len(opts) for opts in options]
+        groups, owners = [], []  # owners[g] = [(item, option index, cache key)] scored by suffixes of group g
         for i, (context, opts) in enumerate(zip(contexts, options)):
-            by_context: dict[tuple[int, ...], list[tuple[int, list[int]]]] = {}
+            by_context: dict[tuple[int, ...], list[tuple[int, tuple[int, ...]]]] = {}
             for j, option in enumerate(opts):
                 ctx, cont = self.split_encode(context, option, j)
-                by_context.setdefault(tuple(ctx), []).append((j, cont))
+                if cache is not None and (tuple(ctx), tuple(cont)) in cache:
+                    out[i][j] = cache[tuple(ctx), tuple(cont)]
+                    continue
+                by_context.setdefault(tuple(ctx), []).append((j, tuple(cont)))
             for ctx, conts in by_context.items():  # one group per distinct context tokenisation (almost always one)
                 head = (self.document_start_id, *ctx)
                 # The prefix stops one token short; each suffix restarts with the context's last token, so
                 # that token's prediction of the option's first token is in the option's own segment.
                 groups.append(Group(head[:-1], tuple((head[-1], *cont) for _, cont in conts)))
-                owners.append([(i, j) for j, _ in conts])
-        parts = self._run_groups(groups)
-        out: list[list] = [[None] * len(opts) for opts in options]
+                owners.append([(i, j, (ctx, cont)) for j, cont in conts])
+        parts = self._run_groups(groups) if groups else []
         for g, owner in enumerate(owners):
-            for (i, j), lp in zip(owner, parts[g][1]):
+            for (i, j, key), lp in zip(owner, parts[g][1]):
                 out[i][j] = lp
+                if cache is not None:
+                    cache[key] = lp
         return out
 
     # ---------------------------------------------------------------------------------------- engine

@@ -139,7 +139,8 @@ class EvalConfig:
     log_samples: each record keeps the text(s) the model was given (`prompt`); its raw output is in the
     record already (APX's generation, the log-likelihoods or probabilities of the others).
     include_path: folders of task cards (`*.toml`) outside the package, as lm-eval's `--include_path`.
-    chunk, max_chunk: items per write (`write_spans`); progress: progress bars. Neither changes a result."""
+    chunk, max_chunk: items per write (`write_spans`); progress: progress bars; share_continuations: the run's
+    protocols score a shared (context, option) pair once (`Scorer.continuation_cache`). None changes a result."""
     model: str
     tasks: tuple[str, ...]
     protocols: tuple[str, ...]
@@ -163,6 +164,7 @@ class EvalConfig:
     chunk: int = CHUNK
     max_chunk: int = MAX_CHUNK
     progress: bool = True
+    share_continuations: bool = True
 
     def __post_init__(self) -> None:
         from dcsjax.eval.protocols import IDK_PHRASINGS
@@ -185,7 +187,7 @@ class EvalConfig:
         names, the model's identity, the loadings and the versions."""
         lc, lw = self.loadings
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                  if f.name not in ("output", "chunk", "max_chunk", "progress")}  # not asdict: it deep-copies a mesh
+                  if f.name not in ("output", "chunk", "max_chunk", "progress", "share_continuations")}  # not asdict: it deep-copies a mesh
         return {**fields, "tasks": [c.name for c in cards], "protocols": list(self.protocols),
                 "idk_phrasings": list(self.idk_phrasings), "model_identity": model_identity, "lc": lc, "lw": lw,
                 "statements": str(self.statements) if self.statements else None,
@@ -237,6 +239,8 @@ def evaluate(config: EvalConfig, scorer=None) -> dict:
         scorer = scorer or dcsjax.load(config.model, batch_size=config.batch_size, dtype=config.dtype, mesh=config.mesh,
                                        document_start=config.document_start, variant=config.variant)
         model_identity = scorer.model_fingerprint or {"name": scorer.name}
+        # the protocols of this run score a shared (question, option) pair once; a fresh cache per run
+        scorer = scorer.replace(continuation_cache={} if config.share_continuations else None)
         rows = [row for (card, runnable), task in zip(plan, loaded)
                 for row in _score_task(config, card, task, runnable, scorer, writer, lead)]
         if lead:
