@@ -17,7 +17,7 @@ DEMO_MODEL = "smollm2-135m-instruct"
 DEMO_TASKS = ("known_unknowns", "logical_deduction_three_objects", "misconceptions", "hindu_knowledge",
               "general_knowledge", "hhh_alignment", "emoji_movie")
 DEMO_PROTOCOLS = ("aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters")
-DEMO_LIMIT = 60
+DEMO_LIMIT = 20  # a first look in a few minutes on 2 cores; docs/results.md runs --limit 60
 MODEL_HELP = "a model card, a .gguf file, an HF checkpoint directory, or a hub id org/name[@revision]"
 DOCUMENT_START_HELP = ("the token that starts a document in the model's pretraining, for a model without a card "
                        "whose tokenizer adds no BOS (Qwen: '<|endoftext|>')")
