@@ -39,8 +39,8 @@ class BenchmarkCard:
     cloze_blank: str | None = None
     qa_template: str = QA_TEMPLATE  # question + option, for qa-ppl
     mcqa_context: str = "Question: {question}\nAnswer:"  # the context MCQA-LL continues with " " + option
-    # hub datasets (source "hub:<dataset>"): its config, split and row schema (dcsjax/data/hub.py)
     fields: dict | None = None  # a local file's columns: item field -> column (`dcsjax/data/jsonl.py`)
+    # hub datasets (source "hub:<dataset>"): its config, split and row schema (dcsjax/data/hub.py)
     hub_config: str | None = None
     split: str = "test"
     schema: str | None = None
@@ -55,8 +55,8 @@ class BenchmarkCard:
 
 
 def read_card(path: Path) -> BenchmarkCard:
-    """One card file. A relative `jsonl:` source is read from the card's own folder, so a card and its data
-    can live together anywhere (`--include-path`, or the card file named as a task)."""
+    """One card file. A relative `jsonl:`, `json:` or `csv:` source is read from the card's own folder, so a
+    card and its data can live together anywhere (`--include-path`, or the card file named as a task)."""
     try:
         raw = tomllib.loads(path.read_text())
         card = BenchmarkCard(**raw)
@@ -99,7 +99,7 @@ def benchmark_cards(include: Sequence[str | Path] = ()) -> dict[str, BenchmarkCa
 
 def resolve_task(task: str, include: Sequence[str | Path] = ()) -> BenchmarkCard:
     """A card's name (packaged or in an `include` folder), a card file (`path/to/task.toml`), a card's
-    source, `bigbench:<task>` or `jsonl:<file>`."""
+    source, `bigbench:<task>`, or a local file `jsonl:`, `json:` or `csv:<file>`."""
     if task.endswith(".toml"):
         if not Path(task).is_file():
             raise DcsjaxError(f"task card {task}: no such file")
