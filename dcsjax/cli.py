@@ -105,7 +105,7 @@ def cmd_eval(args) -> int:
 
 
 INCLUDE_HELP = ("a folder of task cards (*.toml, as benchmarks/ holds) whose names --tasks then takes; a card's "
-                "relative jsonl: source is read from its folder; repeatable")
+                "relative jsonl:, json: or csv: source is read from its folder; repeatable")
 
 
 CONFIG_HELP = ("a TOML file of this command's settings, one key per flag (model = \"...\", tasks = [\"...\"], "
@@ -116,6 +116,7 @@ def _with_config(commands: dict, argv: list[str]) -> list[str]:
     """`COMMAND --config FILE ...` -> COMMAND, the file's settings as flags, then the command line's own (so
     those win). A key that is no flag of the command is an error naming the file and the key."""
     import tomllib
+    from pathlib import Path
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
@@ -125,7 +126,7 @@ def _with_config(commands: dict, argv: list[str]) -> list[str]:
     if known.config is None:
         return argv
     try:
-        settings = tomllib.loads(open(known.config, encoding="utf-8").read())
+        settings = tomllib.loads(Path(known.config).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
         raise ConfigError(f"--config {known.config}: cannot read it as TOML: {err}") from err
     flags = commands[argv[0]]._option_string_actions

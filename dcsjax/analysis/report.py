@@ -247,7 +247,7 @@ def results_table(models: dict[str, ModelResults], n_boot: int = 1000) -> str:
                 iv = mean_ci(headline_values(protocol, records), n_boot)
                 chance = [f"u {u:.2f}"] if (u := chance_uniform(protocol, records)) is not None else []
                 constant = position_report(records)
-                if get(protocol).letters and constant["best_constant"] is not None and not protocol.startswith("dcs"):
+                if get(protocol).letters and constant["best_constant"] is not None and protocol not in DCS_PROTOCOLS:
                     chance.append(f"c {constant['best_constant_letter']} {constant['best_constant']:.2f}")
                 cell = f"{iv.estimate:.2f} [{iv.low:.2f}, {iv.high:.2f}]" + (" {" + ", ".join(chance) + "}" if chance else "")
                 if protocol == "apx":
