@@ -53,7 +53,8 @@ def main() -> None:
     import dcsjax
     from dcsjax.training.data import abstention_splits
     from dcsjax.training.features import letter_features
-    from dcsjax.training.train import TrainConfig, _train_step, cut_length, init_trainable, optimizer_for, top_params
+    from dcsjax.training.train import (TrainConfig, _train_step, cut_length, init_trainable, optimizer_for,
+                                       step_settings, top_params)
     from xla_ops import origins, traced_seconds
 
     scorer = dcsjax.load(args.model)
@@ -69,7 +70,8 @@ def main() -> None:
     optimizer = optimizer_for(cfg)
     opt_state = optimizer.init(params)
     start = np.zeros((1, *f.letters.shape), np.float32)
-    step_args = (c, cfg, optimizer, params, opt_state, base, scorer.model.output_embedding, batch, start,
+    static, weights = step_settings(cfg)
+    step_args = (c, static, optimizer, weights, params, opt_state, base, scorer.model.output_embedding, batch, start,
                  jnp.asarray(30.0))
 
     # one compiled program, both timed and read for its operation names (a jitted call beside

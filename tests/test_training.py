@@ -184,8 +184,11 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
     from dcsjax.training.experiment import run_experiment
     from dcsjax.training.features import load_features
 
+    from dcsjax.training.train import _train_step
+
     out = tmp_path / "abstain"
     cfg = TrainConfig(steps=12, batch_size=8, eval_every=6, ce_warmup=4, learning_rate=3e-4, patience=10)
+    compiled_before = _train_step._cache_size()
     results = run_experiment(SMOL, out, tasks=("hindu_knowledge", "known_unknowns"), per_task=14, thresholds=(0.5, 0.75),
                              seeds=(0,), adapters=("top", "lora"), lora_layers=2, base=cfg, export_adapter="lora",
                              n_boot=50, progress=False)
@@ -200,6 +203,8 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
         assert entry["policies"]["dcs+ce+tau"]["metrics"]["dcs"] == entry["policies"]["dcs+ce"]["metrics"]["dcs"]
     for name in ("summary.md", "thresholds.png", "training.png"):
         assert (out / name).stat().st_size > 0
+    # six runs, one compiled update per (adapter, arm): thresholds and seeds are traced or read outside it
+    assert _train_step._cache_size() - compiled_before <= 4
     assert results["exported"]["adapter"] == "lora" and results["exported"]["threshold"] == 0.5
 
     # a rerun resumes every finished run and scores nothing again: the starting model's and each run's dev
@@ -217,7 +222,7 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
     monkeypatch.undo()
 
     # the loss on the training items falls from the starting model to the exported (LoRA merged) one
-    scorer = dcsjax.load(SMOL)
+    scorer = scorer_for(SMOL)  # the session's copy: the experiment merged its training into a model of its own
     start = top_params(scorer.model, 2)
     trained = dcsjax.load(out / "model")
     train_set = load_features(out / "features" / "top2" / "train.npz")
@@ -359,7 +364,7 @@ def test_accumulated_micro_batches_make_the_same_update_as_one_batch(small_featu
     read through plain SGD with rate 1, whose update is the gradient itself."""
     import optax
 
-    from dcsjax.training.train import _train_step
+    from dcsjax.training.train import _train_step, step_settings
 
     scorer = scorer_for(SMOL)
     data = small_features["train"]
@@ -371,7 +376,8 @@ def test_accumulated_micro_batches_make_the_same_update_as_one_batch(small_featu
         idx = np.arange(8).reshape(accumulate, batch)
         arrays = tuple(np.asarray(x)[idx] for x in (data.hidden, data.length, data.letters, data.correct, data.idk,
                                                       data.valid))
-        updated[accumulate], _, _ = _train_step(scorer.config, cfg, sgd, params, sgd.init(params), params,
+        static, weights = step_settings(cfg)
+        updated[accumulate], _, _ = _train_step(scorer.config, static, sgd, weights, params, sgd.init(params), params,
                                                 scorer.model.output_embedding, arrays,
                                                 np.zeros((accumulate, batch, data.letters.shape[1]), np.float32), 0.0)
     moved = 0.0

@@ -14,7 +14,7 @@ from dcsjax.engine.plan import Chip, ESTIMATED, compile_memory, cost_of, timed_c
 from dcsjax.nn.config import DecoderConfig
 from dcsjax.nn.decoder import layer_param_shapes
 from dcsjax.nn.sharding import partition_spec
-from dcsjax.training.train import TrainConfig, _train_step, init_trainable, optimizer_for
+from dcsjax.training.train import TrainConfig, _train_step, init_trainable, optimizer_for, step_settings
 
 F32 = jnp.float32
 
@@ -60,7 +60,8 @@ def plan_training(config: DecoderConfig, mesh, chip: Chip, cfg: TrainConfig = Tr
              *(jax.ShapeDtypeStruct((a, b, k), jnp.bool_, sharding=rows) for _ in range(3)))
     start = jax.ShapeDtypeStruct((a, b, k), F32, sharding=rows)
     step = jax.ShapeDtypeStruct((), F32, sharding=NamedSharding(mesh, P()))
-    args = (config, cfg, optimizer, trainable, opt_state, base, embedding, batch, start, step)
+    static, weights = step_settings(cfg)
+    args = (config, static, optimizer, weights, trainable, opt_state, base, embedding, batch, start, step)
     _, memory, seconds = compile_memory(_train_step, *args)
     cost = cost_of(timed_compile(unrolled_jit(_train_step, static_argnums=(0, 1, 2)), *args)[0])
     used = memory["argument_bytes"] + memory["temp_bytes"] + memory["code_bytes"]

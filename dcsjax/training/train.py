@@ -27,8 +27,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
-from functools import partial
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Callable
 
@@ -153,9 +153,29 @@ def arm_loss(cfg: TrainConfig, logits, correct, idk, valid, start_logits, step) 
 
 
 def optimizer_for(cfg: TrainConfig) -> optax.GradientTransformation:
-    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1),
-                                                  max(cfg.steps, cfg.warmup_steps + 1), cfg.learning_rate / 10)
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=cfg.weight_decay))
+    """AdamW on a warm-up + cosine schedule; the same object for the same schedule, so that runs which share
+    it share one compiled update (the optimizer is a static argument of `_train_step`, hashed by identity)."""
+    return _optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps, cfg.weight_decay)
+
+
+@lru_cache(maxsize=None)
+def _optimizer(learning_rate: float, warmup_steps: int, steps: int, weight_decay: float) -> optax.GradientTransformation:
+    schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(warmup_steps, 1),
+                                                  max(steps, warmup_steps + 1), learning_rate / 10)
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=weight_decay))
+
+
+LOSS_WEIGHTS = ("lc", "lw", "beta", "gamma")  # traced by the compiled update: one compile serves every threshold
+
+
+def step_settings(cfg: TrainConfig) -> tuple[TrainConfig, dict]:
+    """(what the compiled update is specialised on, the loss weights it takes as traced values). The settings
+    read outside the update (seed, length, schedule, evaluation) are blanked, so runs of an experiment grid that
+    differ only in them, or in the threshold's loadings, share one compiled program."""
+    weights = {k: jnp.float32(getattr(cfg, k)) for k in LOSS_WEIGHTS}
+    static = replace(cfg, seed=0, steps=0, learning_rate=0.0, warmup_steps=0, weight_decay=0.0, eval_every=0,
+                     patience=0, **{k: 0.0 for k in LOSS_WEIGHTS})
+    return static, weights
 
 
 def batch_indices(seed: int, step: int, accumulate: int, batch_size: int, n: int) -> np.ndarray:
@@ -172,9 +192,12 @@ def batch_indices(seed: int, step: int, accumulate: int, batch_size: int, n: int
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2))
-def _train_step(c, cfg: TrainConfig, optimizer, params, opt_state, base, embedding, batch, start_logits, step):
+def _train_step(c, cfg: TrainConfig, optimizer, weights, params, opt_state, base, embedding, batch, start_logits,
+                step):
     """One update of the trainable `params` (the adapter's; `base` the frozen top parameters) from
-    `accumulate` micro-batches (leading axis of every batch array), grads summed."""
+    `accumulate` micro-batches (leading axis of every batch array), grads summed. (cfg, weights) as
+    `step_settings` splits a run's settings."""
+    cfg = replace(cfg, **weights)
     def micro(grads, mb):
         (hidden, length, letters, correct, idk, valid), start = mb
 
@@ -367,6 +390,7 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
     if mesh is not None:
         base, params, embedding = on_mesh(mesh, c, base, params, embedding)
     optimizer = optimizer_for(cfg)
+    static, weights = step_settings(cfg)
     state = TrainState.start(params, optimizer.init(params))
     checkpoints = Checkpointer(run_dir / "checkpoints")
     resumed = checkpoints.restore(state)
@@ -396,7 +420,7 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
         if mesh is not None:
             batch, start = jax.device_put((batch, start), batch_on_mesh(mesh, cfg.batch_size))
         state.params, state.opt_state, step_stats = _train_step(
-            c, cfg, optimizer, state.params, state.opt_state, base, embedding, batch, start,
+            c, static, optimizer, weights, state.params, state.opt_state, base, embedding, batch, start,
             jnp.asarray(state.step, jnp.float32))
         state.progress["step"] += 1
         stats = {f"train_{k}": float(v) for k, v in step_stats.items()}
