@@ -2,7 +2,7 @@
 the abstention training step against one device, on SmolLM2's real weights: the top adapter and LoRA on a 2x4
 mesh (the batch split over `data`, so gradients are summed across devices, and heads, MLP width and vocabulary
 over `model`; an 8x1 mesh would only repeat the batch split with the weights copied); prints one JSON line: the
-largest parameter and dev-score differences per adapter."""
+largest parameter and dev-score differences per adapter, and how often each run compiled its update."""
 
 import json
 import sys
@@ -16,7 +16,7 @@ import numpy as np
 import dcsjax
 from dcsjax.training.data import abstention_splits
 from dcsjax.training.features import letter_features
-from dcsjax.training.train import TrainConfig, top_params, train
+from dcsjax.training.train import TrainConfig, _train_step, top_params, train
 
 
 def biggest(a, b) -> float:
@@ -35,11 +35,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for adapter, meshes in (("top", ("2x4",)), ("lora", ("2x4",))):
             cfg = replace(base, adapter=adapter)
-            runs = {mesh: train(scorer.model, features["train"], features["dev"], cfg, Path(tmp) / f"{adapter}-{mesh}",
-                                2, progress=False, mesh=None if mesh == "one" else mesh, log=lambda _: None)
-                    for mesh in ("one", *meshes)}
+            runs, compiles = {}, {}
+            for mesh in ("one", *meshes):
+                before = _train_step._cache_size()
+                runs[mesh] = train(scorer.model, features["train"], features["dev"], cfg, Path(tmp) / f"{adapter}-{mesh}",
+                                   2, progress=False, mesh=None if mesh == "one" else mesh, log=lambda _: None)
+                compiles[mesh] = _train_step._cache_size() - before
             one = runs["one"]
-            result[adapter] = {"moved": biggest(one["last"], top_params(scorer.model, 2))}
+            result[adapter] = {"moved": biggest(one["last"], top_params(scorer.model, 2)), "compiles": compiles}
             for mesh in meshes:
                 other = runs[mesh]
                 diff = biggest(one["last"], other["last"])

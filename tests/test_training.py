@@ -411,6 +411,8 @@ def test_the_training_step_on_a_mesh_equals_one_device():
         for mesh in meshes:
             assert r[mesh]["param_diff"] < 1e-5 and r[mesh]["dev_score_diff"] < 1e-5 and r[mesh]["loss_diff"] < 1e-5, r
         assert r["2x4"]["up_sharding"] == "P(None, None, 'model')"  # the MLP width split four ways
+        # one compiled update a run: the state starts placed as the update returns it (no recompile at step 2)
+        assert r["compiles"] == {"one": 1, "2x4": 1}, r["compiles"]
 
 
 def test_the_experiment_grid_names_every_run_once():

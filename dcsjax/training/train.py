@@ -392,6 +392,8 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
     optimizer = optimizer_for(cfg)
     static, weights = step_settings(cfg)
     state = TrainState.start(params, optimizer.init(params))
+    if mesh is not None:
+        state.opt_state = as_returned(mesh, state.opt_state)
     checkpoints = Checkpointer(run_dir / "checkpoints")
     resumed = checkpoints.restore(state)
     if resumed is not None:
@@ -446,8 +448,10 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
 
 def on_mesh(mesh, c, base: dict, trainable: dict, embedding: jax.Array):
     """The frozen top parameters and the embedding split by the rules table (heads, MLP width and
-    vocabulary over `model`), the trainable ones likewise ("top") or replicated (LoRA's small factors).
-    XLA's partitioner then runs the same jitted step as on one device."""
+    vocabulary over `model`), the trainable ones likewise: the top blocks as the frozen ones, a LoRA pair by the
+    side it shares with its projection where that side is one axis (the MLP width of gate's and up's `b` and of
+    down's `a`, as XLA's partitioner would place them), else replicated. XLA then runs the same jitted step as
+    on one device."""
     from dcsjax.nn.sharding import place
 
     axes = {name: ("layers", *spec[1]) for name, spec in layer_param_shapes(c).items()}
@@ -455,11 +459,32 @@ def on_mesh(mesh, c, base: dict, trainable: dict, embedding: jax.Array):
                                **{k: ("embed",) for k in tree if k != "layers"}}
     put = lambda tree, spec: jax.tree.map(lambda x, a: place(np.asarray(x), a, mesh, x.dtype), tree, spec,  # noqa: E731
                                           is_leaf=lambda a: isinstance(a, tuple))
-    replicated = NamedSharding(mesh, P())
+
+    def lora_axes(name: str) -> dict:
+        n_in = LORA_PROJECTIONS[name]
+        side_in, side_out = axes[name][1:1 + n_in], axes[name][1 + n_in:]
+        one = lambda side: side[0] if len(side) == 1 else None  # noqa: E731  (a flattened side: no rule)
+        return {"a": ("layers", one(side_in), None), "b": ("layers", None, one(side_out))}
+
     base = put(base, layer_axes(base))
-    trainable = put(trainable, layer_axes(trainable)) if "layers" in trainable else jax.device_put(trainable,
-                                                                                                   replicated)
+    spec = layer_axes(trainable) if "layers" in trainable else {"lora": {k: lora_axes(k) for k in trainable["lora"]}}
+    trainable = as_returned(mesh, put(trainable, spec))
     return base, trainable, place(np.asarray(embedding), ("vocab", "embed"), mesh, embedding.dtype)
+
+
+def as_returned(mesh, tree):
+    """The arrays placed as the jitted update returns them: specs without trailing `None`s (P(None, 'model')
+    for P(None, 'model', None): the same layout, but another key in jit's cache) and what sits on one device
+    (optax's step count) replicated over the mesh. Placed otherwise, the second update compiles again."""
+    def settle(x):
+        if isinstance(x.sharding, NamedSharding):
+            spec = list(x.sharding.spec)
+            while spec and spec[-1] is None:
+                spec.pop()
+            return jax.device_put(x, NamedSharding(mesh, P(*spec)))
+        return jax.device_put(x, NamedSharding(mesh, P()))
+
+    return jax.tree.map(settle, tree)
 
 
 def batch_on_mesh(mesh, batch_size: int) -> NamedSharding:
