@@ -145,15 +145,32 @@ def _with_config(commands: dict, argv: list[str]) -> list[str]:
 
 
 def cmd_tasks(args) -> int:
-    from dcsjax.data.tasks import benchmark_cards
-
-    rows = [[c.name, c.source, c.statements or "-", "yes" if c.idk_choice else "-"]
-            for c in benchmark_cards(getattr(args, "include_path", ())).values()]
+    from dcsjax.data.tasks import benchmark_cards, load_task
+    from dcsjax.eval.protocols import PROTOCOLS
     from dcsjax.eval.tables import render
 
-    print(render(["task", "source", "APS statements", "own IDK option"], rows))
+    header = ["task", "source", "split (few-shot)", "protocols", "own IDK option"]
+    rows = []
+    for c in benchmark_cards(getattr(args, "include_path", ())).values():
+        split = "-" if not c.source.startswith("hub:") else c.split + (f" ({c.fewshot_split})" if c.fewshot_split else "")
+        # APS needs declarative statements: a card's rule, else a statements file (`dcsjax statements generate`)
+        protocols = "all" if c.statements else f"all but aps ({len(PROTOCOLS) - 1})"
+        row = [c.name, c.source, split, protocols, "yes" if c.idk_choice else "-"]
+        if getattr(args, "sizes", False):
+            try:
+                items, errors = load_task(c)
+                row += [str(len(items)), str(len(errors))]
+            except Exception as err:  # a hub dataset offline and not cached: say so, list the rest
+                text = str(err).splitlines()[0] if str(err) else type(err).__name__
+                row += ["-", "not loaded: offline and not in the cache" if "offline" in text.lower() else
+                        f"not loaded: {text[:60]}"]
+        rows.append(row)
+    if getattr(args, "sizes", False):
+        header += ["items", "errors"]
+    print(render(header, rows))
     print("\nalso: bigbench:<task> (any BIG-bench multiple-choice task), jsonl:<file> (your own items, one JSON "
-          "object a line), path/to/card.toml (a card of your own; --include-path DIR adds a folder of them)")
+          "object a line), path/to/card.toml (a card of your own; --include-path DIR adds a folder of them)"
+          + ("" if getattr(args, "sizes", False) else "; --sizes loads each task and counts its items"))
     return 0
 
 
@@ -478,8 +495,10 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_fetch)
     p = sub.add_parser("models", help="list the model cards")
     p.set_defaults(func=cmd_models)
-    p = sub.add_parser("tasks", help="list the benchmark cards (the names --tasks takes)")
+    p = sub.add_parser("tasks", help="list the benchmark cards (the names --tasks takes), their splits and protocols")
     p.add_argument("--include-path", action="append", default=[], metavar="DIR", help=INCLUDE_HELP)
+    p.add_argument("--sizes", action="store_true", help="load each task (fetching BIG-bench and hub datasets not "
+                   "cached yet) and count its items and its rows that fail to read")
     p.set_defaults(func=cmd_tasks)
     p = sub.add_parser("score", help="token log-probs and perplexity of texts (arguments or stdin lines)")
     p.add_argument("--model", default=DEMO_MODEL, help=MODEL_HELP)
@@ -520,7 +539,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="results folder: per-item records, summary.json (default results)")
         p.add_argument("--num-fewshot", "--num_fewshot", type=_whole(0, "exemplars"), default=0, metavar="K",
                        help="K solved exemplars before each question (mcqa and apx only: pass --protocols mcqa,apx), "
-                            "drawn per item from the task's other items, seeded by --seed; each record names them")
+                            "drawn per item from the card's few-shot split (a hub dataset's train or dev split; "
+                            "`dcsjax tasks` shows it) or else the task's other items, seeded by --seed; each record "
+                            "names them")
         p.add_argument("--log-samples", "--log_samples", action="store_true",
                        help="each record keeps the text the model was given (its raw output is recorded anyway)")
         p.add_argument("--format", default="text", choices=["text", "markdown"],

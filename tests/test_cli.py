@@ -56,6 +56,14 @@ def test_eval_needs_model_and_tasks_and_lists_tasks(capsys):
     listed = capsys.readouterr().out
     assert main(["tasks"]) == 0 and capsys.readouterr().out == listed
     assert "known_unknowns" in listed and "hub:allenai/ai2_arc" in listed and "jsonl:<file>" in listed
+    rows = {line.split()[0]: line for line in listed.splitlines() if line and not line.startswith(("task", "-"))}
+    assert "test (train)" in rows["arc_easy"] and "all but aps" in rows["arc_easy"]  # the few-shot split, no APS rule
+    assert " all " in rows["logical_deduction_three_objects"]  # a statement rule: every protocol
+    # --sizes counts each task's items (BIG-bench from its cached sdist; a hub dataset offline says so)
+    assert main(["tasks", "--sizes"]) == 0
+    sized = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith(("known_", "arc_easy"))}
+    assert sized["known_unknowns"].split()[-2:] == ["46", "0"]
+    assert "offline and not in the cache" in sized["arc_easy"] or sized["arc_easy"].split()[-1] == "0"
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
     assert stop.value.code == 0 and capsys.readouterr().out.startswith("dcsjax ")

@@ -52,6 +52,33 @@ def test_decode_program_compiles_for_v5e_with_its_cache(slice_2x2):
     assert r["estimated_seconds"] > 0 and r["estimated_tokens_per_s"] > 0
 
 
+def test_a_cache_whose_kv_heads_the_model_axis_does_not_divide_is_split_over_head_size():
+    """Two KV heads on a model axis of 4 (as Llama-3.1-70B's 8 on 16): the decoding loop carries its cache split
+    over the head size, [L, B, S, 2, K/4] a chip. The control, the same program with the cache's layout left to
+    XLA (as before `sharding.CACHE_AXES`), holds it whole on every chip, [L, B, S, 2, K]."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from dcsjax.engine.generate import _decode
+
+    mesh, _ = plan.topology_mesh("v5e:2x2", "1x4")
+    c = dataclasses.replace(small_llama(), num_kv_heads=2)
+    rows, cached, new = 8, 256, 4
+    graphdef, state = plan.abstract_model(c, mesh)
+    keys = jax.ShapeDtypeStruct((rows,), jax.random.key(0).dtype, sharding=NamedSharding(mesh, P("data")))
+
+    def program(constrained):
+        return _decode.lower(graphdef, state, plan.row_shapes((rows, cached), mesh), plan.row_shapes((rows,), mesh),
+                             keys, new, 0.0, 1.0, (0,), mesh if constrained else None).compile().as_text()
+
+    per_chip = f"bf16[{c.num_layers},{rows},{cached + new},2,{c.head_dim // 4}]"
+    whole = f"bf16[{c.num_layers},{rows},{cached + new},2,{c.head_dim}]"
+    text = program(True)
+    assert per_chip in text and whole not in text
+    assert whole in program(False)
+
+
 def test_depth_scaled_cost_equals_the_whole_unrolled_program(slice_2x2):
     """c(1) + 3 (c(2) - c(1)) for four layers, against XLA's count of the four-layer program written out;
     the rolled program's count is the control: XLA counts its loop bodies once, one layer's worth."""

@@ -177,6 +177,24 @@ def test_sequence_dcs_under_each_idk_phrasing_against_direct_continuation_scores
     assert record["p_idk"] == pytest.approx(float(np.exp(ll[item.idk] - np.logaddexp.reduce(ll))), abs=2e-5)
 
 
+def test_sequence_dcs_continues_the_cards_own_context():
+    """A card with its own `mcqa_context` (HellaSwag's bare passage, no "Question:" wrapper): sequence DCS scores
+    the options and the IDK response after that context, as MCQA-LL does, and the run's settings name it."""
+    from dataclasses import replace
+
+    scorer = scorer_for("smollm2-135m-instruct")
+    (item,) = load_task(resolve_task("general_knowledge"))[0][:1]
+    plain = context(scorer, "general_knowledge")
+    ctx = replace(plain, card=replace(plain.card, mcqa_context="{question}"))
+    (record,) = protocols.score(protocols.get("dcs"), ctx, [item], "source", 0)
+    texts = [" " + c for c in item.choices] + [" " + ctx.idk_phrasings[0]]
+    ll = scorer.score_continuations([item.question] * len(texts), texts)
+    assert record["p_idk"] == pytest.approx(float(np.exp(ll[-1] - np.logaddexp.reduce(ll))), abs=2e-5)
+    assert protocols.get("dcs").prompt(ctx, item)["context"] == item.question
+    assert protocols.get("dcs").settings(ctx)["context"] == "{question}"
+    assert protocols.get("dcs").settings(plain)["context"] == "Question: {question}\nAnswer:"
+
+
 def test_order_free_protocols_give_the_same_scores_shuffled():
     """mcqa scores each option on its own: shuffling the options permutes its log-likelihoods, no more."""
     scorer = scorer_for("smollm2-135m-instruct")

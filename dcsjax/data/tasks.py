@@ -44,6 +44,9 @@ class BenchmarkCard:
     hub_config: str | None = None
     split: str = "test"
     schema: str | None = None
+    # the split few-shot exemplars are drawn from (a training or development split, as lm-eval's fewshot_split);
+    # without one they are other items of the scored split (BIG-bench has no training split)
+    fewshot_split: str | None = None
 
     @property
     def slug(self) -> str:
@@ -67,6 +70,9 @@ def read_card(path: Path) -> BenchmarkCard:
         raise DcsjaxError(f"{path}: statements = {card.statements!r} needs " + (
             f"one of {STATEMENT_RULES}" if card.statements not in needs else
             "cloze_blank" if card.statements == "cloze" else "statement_template"))
+    if card.fewshot_split is not None and (card.fewshot_split == card.split or not card.source.startswith("hub:")):
+        raise DcsjaxError(f"{path}: fewshot_split = {card.fewshot_split!r} needs a hub source and another split than "
+                          f"the scored one ({card.split!r}): exemplars are never items the run scores")
     local = local_file(card.source)
     if local and not Path(local[1]).is_absolute() and path.parent != cards_dir("benchmarks"):
         card = replace(card, source=f"{local[0]}:{path.parent / local[1]}")
@@ -136,6 +142,17 @@ def load_task(card: BenchmarkCard) -> tuple[list[Item], list[ItemError]]:
     if card.statements == "choices":
         items = [replace(i, statements=i.choices) for i in items]
     return items, errors
+
+
+def fewshot_items(card: BenchmarkCard) -> tuple[list[Item], list[ItemError]] | None:
+    """The items of the card's few-shot split (ids `<task>:<split>/...`, apart from the scored items'), or None
+    where the card has none. A row that fails its schema is an error record, as in the scored split."""
+    if card.fewshot_split is None:
+        return None
+    from dcsjax.data.hub import hub_items
+
+    return hub_items(f"{card.name}:{card.fewshot_split}", card.source.removeprefix("hub:"), card.schema,
+                     card.hub_config, card.fewshot_split)
 
 
 def cloze_statement(question: str, choice: str, blank: str) -> str:

@@ -21,6 +21,7 @@ from flax import nnx
 from dcsjax.errors import InputError
 from dcsjax.engine.packing import bucket_for
 from dcsjax.nn.decoder import right_padded
+from dcsjax.nn.sharding import CACHE_AXES, constrain
 
 
 def sample_token(logits: jax.Array, key: jax.Array, temperature: float, top_p: float) -> jax.Array:
@@ -46,18 +47,19 @@ def sample_token(logits: jax.Array, key: jax.Array, temperature: float, top_p: f
     return jax.random.categorical(key, scaled)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5, 6, 7, 8))
+@functools.partial(jax.jit, static_argnums=(0, 5, 6, 7, 8, 9))
 def _decode(graphdef, state, tokens, lengths, keys, max_new: int, temperature: float, top_p: float,
-            stops: tuple[int, ...]):
+            stops: tuple[int, ...], mesh=None):
     """tokens [B, T] right-padded, lengths [B], keys [B] (one PRNG key per row) -> [B, max_new] tokens.
     Decoding ends once every row has emitted one of `stops` (slots after that hold -1): a batch costs its
-    longest answer, not the token budget."""
+    longest answer, not the token budget. mesh: the model's (None on one device): the cache is split on it
+    by `sharding.CACHE_AXES`."""
     model = nnx.merge(graphdef, state)
     b, t = tokens.shape
     positions, segments = right_padded(lengths, t)
     hidden, (cache_k, cache_v) = model(tokens, positions, segments, return_kv=True)  # [L, B, T, N, K]
     pad = ((0, 0), (0, 0), (0, max_new), (0, 0), (0, 0))
-    cache_k, cache_v = jnp.pad(cache_k, pad), jnp.pad(cache_v, pad)
+    cache_k, cache_v = (constrain(jnp.pad(x, pad), CACHE_AXES, mesh) for x in (cache_k, cache_v))
     def next_token(h, step):  # h [B, D]
         logits = model.logits(h)  # [B, V]
         step_keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(keys)
@@ -76,6 +78,7 @@ def _decode(graphdef, state, tokens, lengths, keys, max_new: int, temperature: f
         emitted = emitted.at[:, i].set(token)
         done = done | jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
         h, cache_k, cache_v = model.decode_step(token, position, cache_k, cache_v)
+        cache_k, cache_v = (constrain(x, CACHE_AXES, mesh) for x in (cache_k, cache_v))
         return i + 1, next_token(h, i + 1), position + 1, cache_k, cache_v, emitted, done
 
     carry = (0, first, lengths, cache_k, cache_v, jnp.full((b, max_new), -1, jnp.int32), jnp.zeros(b, bool))
@@ -122,7 +125,8 @@ def generate(scorer, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, t
             rows[r] = key_ids[i]
         keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(jnp.asarray(rows))
         emitted = np.asarray(_decode(scorer.graphdef, scorer.state, jnp.asarray(tokens), jnp.asarray(lengths),
-                                     keys, max_new_tokens, float(temperature), float(top_p), tuple(sorted(stops))))
+                                     keys, max_new_tokens, float(temperature), float(top_p), tuple(sorted(stops)),
+                                     scorer.mesh))
         for r, i in enumerate(idx):
             seq = emitted[r].tolist()
             cut = next((k for k, t in enumerate(seq) if t in stops), len(seq))

@@ -37,7 +37,7 @@ from dcsjax.errors import ConfigError
 from dcsjax.nn import loops
 from dcsjax.nn.config import DecoderConfig
 from dcsjax.nn.decoder import Decoder
-from dcsjax.nn.sharding import MESH_AXES, partition_spec
+from dcsjax.nn.sharding import CACHE_AXES, MESH_AXES, partition_spec
 
 GIB = 2**30
 ESTIMATED = "estimated by XLA's TPU cost model, not measured"
@@ -261,15 +261,16 @@ def plan_decode(config: DecoderConfig, mesh, chip: Chip, rows: int = 64, cached:
         raise ConfigError(f"{rows} rows do not split over the mesh's {data} data devices")
     graphdef, state = abstract_model(config, mesh, dtype)
     keys = jax.ShapeDtypeStruct((rows,), jax.random.key(0).dtype, sharding=NamedSharding(mesh, P("data")))
-    args = (graphdef, state, row_shapes((rows, cached), mesh), row_shapes((rows,), mesh), keys, new_tokens, 0.0, 1.0, (0,))
+    args = (graphdef, state, row_shapes((rows, cached), mesh), row_shapes((rows,), mesh), keys, new_tokens, 0.0, 1.0, (0,),
+            mesh)
     _, memory, seconds = compile_memory(_decode, *args)
     slots = cached + new_tokens
     cache_bytes = 2 * config.num_layers * rows * slots * config.num_kv_heads * config.head_dim * jnp.dtype(dtype).itemsize
 
     def step_program(c):
         g, s = abstract_model(c, mesh, dtype)
-        cache = jax.ShapeDtypeStruct((c.num_layers, rows, slots, c.num_kv_heads, c.head_dim), dtype,
-                                     sharding=NamedSharding(mesh, P(None, "data")))
+        shape = (c.num_layers, rows, slots, c.num_kv_heads, c.head_dim)
+        cache = jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, partition_spec(CACHE_AXES, shape, mesh)))
         return timed_compile(unrolled_jit(_decode_step, static_argnums=(0,), donate_argnums=(4, 5)), g, s, row_shapes((rows,), mesh),
                               row_shapes((rows,), mesh), cache, cache)[0]
 

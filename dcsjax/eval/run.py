@@ -249,14 +249,15 @@ def evaluate(config: EvalConfig, scorer=None) -> dict:
     return distributed.from_rank0({"rows": rows, "skipped": skipped})
 
 
-def _context(config: EvalConfig, card, scorer=None, pool=()):
-    """The protocols' view of one task: the model, the card, the loadings, statements, IDK wordings, exemplars."""
+def _context(config: EvalConfig, card, scorer=None, pool=(), pool_split: str | None = None):
+    """The protocols' view of one task: the model, the card, the loadings, statements, IDK wordings, exemplars
+    (drawn from `pool`: the card's few-shot split, `pool_split`, or the task's own items)."""
     from dcsjax.eval import protocols as registry
     from dcsjax.eval.protocols import fewshot
 
     lc, lw = config.loadings
     from_file = (lambda item: list(item.statements)) if config.statements is not None else None
-    exemplars = (fewshot.Exemplars(tuple(pool), config.num_fewshot, config.seed, config.option_order)
+    exemplars = (fewshot.Exemplars(tuple(pool), config.num_fewshot, config.seed, config.option_order, pool_split)
                  if config.num_fewshot and pool else None)
     return registry.Context(scorer, card, lc, lw, from_file, str(config.statements) if config.statements else None,
                             config.idk_phrasings, exemplars, config.log_samples)
@@ -284,24 +285,29 @@ def _plan(config: EvalConfig, cards) -> tuple[list, list[dict]]:
 
 def _load_items(config: EvalConfig, card) -> dict:
     """A task's items, those the run scores (--limit, statements) and every load error, before any model."""
-    from dcsjax.data.tasks import load_task
+    from dcsjax.data.tasks import fewshot_items, load_task
 
     all_items, load_errors = load_task(card)
     items = all_items[:config.limit] if config.limit is not None else all_items
     if config.statements is not None:
         items, load_errors = _with_statements(items, load_errors, config.statements)
+    # exemplars: the card's few-shot split (its rows' errors are reported with the task's), else the task's items
+    shots = fewshot_items(card) if config.num_fewshot else None
+    if shots is not None:
+        load_errors = [*load_errors, *shots[1]]
     return {"all": all_items, "items": items, "errors": load_errors,
+            "pool": shots[0] if shots is not None else all_items, "pool_split": card.fewshot_split if shots else None,
             "identity": task_identity(card, all_items, config.statements)}
 
 
 def _score_task(config: EvalConfig, card, loaded: dict, runnable, scorer, writer, lead: bool) -> list[dict]:
     """One task's load errors written and every runnable protocol scored -> its summary rows."""
-    all_items, items, load_errors, task = loaded["all"], loaded["items"], loaded["errors"], loaded["identity"]
+    items, load_errors, task = loaded["items"], loaded["errors"], loaded["identity"]
     folder = results.task_folder(config.output, scorer.name, card.slug)
     errors = [e.as_record() for e in load_errors]
     if lead:
         writer.write_errors(folder, errors)
-    ctx = _context(config, card, scorer, all_items)  # exemplars come from all the task's items, never the item
+    ctx = _context(config, card, scorer, loaded["pool"], loaded["pool_split"])  # exemplars: never the item itself
     rows = []
     for protocol in runnable:
         row = _score_protocol(config, card, protocol, ctx, task, items, errors, writer, lead)

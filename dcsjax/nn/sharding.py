@@ -66,6 +66,20 @@ def place(value: np.ndarray, axes: Sequence[str], mesh: Mesh, dtype) -> jax.Arra
     return jax.make_array_from_callback(value.shape, sharding, lambda index: np.asarray(value[index], dtype))
 
 
+# A decoding loop's KV cache [layers, rows, slots, kv heads, head size]: rows over `data`, KV heads over `model`
+# where it divides them, else the head size (as the k and v weights are split). Left to XLA, a cache whose
+# heads the model axis does not divide came out whole on every device (Llama-3.1-70B's 8 KV heads on 16).
+CACHE_AXES = ("layers", "batch", "slots", "kv_heads", "head_dim")
+
+
+def constrain(x: jax.Array, axes: Sequence[str], mesh: Mesh | None) -> jax.Array:
+    """Inside a jitted program: x laid out by the rules table, as `place` lays out an input (no-op without a
+    mesh)."""
+    if mesh is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, partition_spec(axes, x.shape, mesh)))
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Rows of a batch over `data`, replicated over `model`."""
     return NamedSharding(mesh, P("data"))

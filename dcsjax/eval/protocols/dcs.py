@@ -1,8 +1,9 @@
 """DCS (paper 000) from the model's distribution over an item's options plus "I don't know".
 
 Two elicitations:
-- `dcs` (sequences): a softmax over the options' continuation log-likelihoods after the question, with
-  "I don't know" as one more continuation. Its pIDK depends on how IDK is worded and normalised: summed
+- `dcs` (sequences): a softmax over the options' continuation log-likelihoods after the question (in the
+  card's `mcqa_context`, as MCQA-LL has it: HellaSwag's bare passage), with "I don't know" as one more
+  continuation. Its pIDK depends on how IDK is worded and normalised: summed
   log-likelihoods favour short phrasings, per-token ones favour long predictable ones (0.97 for any
   phrasing on SmolLM2). So every record carries DCS and pIDK under each phrasing of `IDK_PHRASINGS` and
   under each normalisation (sum, per token, per byte). The headline is paper 000's: pIDK the probability
@@ -28,7 +29,7 @@ from scipy.special import logsumexp
 from dcsjax.data.items import LETTERS, Item
 from dcsjax.metrics.dcs import dcs_parts, softmax_over_options
 from dcsjax.eval.protocols import IDK_CONTINUATION, IDK_PHRASINGS  # the registry holds the default wordings
-from dcsjax.eval.protocols.mcqa import mcqa_context, normalised
+from dcsjax.eval.protocols.mcqa import MCQA_CONTEXT, mcqa_context, normalised
 
 IDK_NORMALISATIONS = ("sum", "token", "byte")
 ANY_PHRASING = "any"  # the IDK class as the set of phrasings: the sum of their probabilities
@@ -85,12 +86,13 @@ def sequence_continuations(item: Item, phrasings: Sequence[str] = IDK_PHRASINGS)
 
 
 def run_dcs_sequences(scorer, items: Sequence[Item], lc: float = 1.0, lw: float = 1.0,
-                      phrasings: Sequence[str] = IDK_PHRASINGS) -> list[dict]:
-    """Records in the item's option order with IDK at the item's own IDK index or appended last."""
+                      phrasings: Sequence[str] = IDK_PHRASINGS, template: str = MCQA_CONTEXT) -> list[dict]:
+    """Records in the item's option order with IDK at the item's own IDK index or appended last; each option
+    and IDK phrasing continues `template` (the card's `mcqa_context`)."""
     answers = [[i for i in range(len(item.choices)) if i != item.idk] for item in items]
     idk_texts = [phrasings_for(item, phrasings) for item in items]
     conts = [sequence_continuations(item, phrasings) for item in items]
-    per_token = scorer.option_logprobs([mcqa_context(i) for i in items], conts) if items else []
+    per_token = scorer.option_logprobs([mcqa_context(i, template) for i in items], conts) if items else []
     idk_index = [item.idk if item.idk is not None else len(item.choices) for item in items]
     variants = {}  # (normalisation, phrasing) -> per item: distribution over options + IDK
     for norm in IDK_NORMALISATIONS:

@@ -1,7 +1,8 @@
 """Few-shot exemplars for MCQA-LL and APX: k other items of the task, solved, before the question.
 
-Exemplars are drawn per item from the task's other items (never the item itself: BIG-bench tasks have no
-training split), seeded by the run seed and the item id, so a resumed, sharded or rebatched run shows each
+Exemplars are drawn per item from the card's few-shot split where it names one (`fewshot_split`: a hub
+dataset's training or development split, as lm-eval draws them), else from the task's other items (never the
+item itself: BIG-bench tasks have no training split), seeded by the run seed and the item id, so a resumed, sharded or rebatched run shows each
 item the same exemplars; each record names them (`fewshot`). An exemplar's options are shuffled by the
 same rule as the items' (source order when the run keeps source order), so the exemplars' answers do
 not all sit at one letter and teach the model a position.
@@ -25,18 +26,22 @@ FEWSHOT_SALT = 7919  # exemplar draws use their own stream, apart from the optio
 
 @dataclass(frozen=True)
 class Exemplars:
-    """Per item id, k solved items of the same task (options in their presented order)."""
+    """Per item id, k solved items of the same task (options in their presented order), from `split` (the
+    card's few-shot split) or, where that is None, from the scored items other than the item itself."""
     pool: tuple[Item, ...]
     k: int
     seed: int = 0
     order: str = options.DEFAULT_ORDER
+    split: str | None = None
 
     def __post_init__(self) -> None:
         if self.k < 0:
             raise ConfigError(f"num_fewshot must be 0 or more, not {self.k}")
-        if self.k and len({i.id for i in self.pool}) <= self.k:
-            raise ConfigError(f"{self.k}-shot needs more than {self.k} distinct items in the task; it has "
-                              f"{len({i.id for i in self.pool})}")
+        distinct = len({i.id for i in self.pool})
+        if self.k and distinct < self.k + (self.split is None):  # the item itself is never its own exemplar
+            where = f"the {self.split} split" if self.split else "the task"
+            raise ConfigError(f"{self.k}-shot needs {self.k + (self.split is None)} distinct items in {where}; it "
+                              f"has {distinct}")
 
     def __call__(self, item_id: str) -> list[Item]:
         if not self.k:
@@ -50,7 +55,8 @@ class Exemplars:
         return [options.permute(ex, options.shuffled(ex.id, len(ex.choices), self.seed)) for ex in chosen]
 
     def settings(self) -> dict:
-        return {"num_fewshot": self.k, "fewshot_seed": self.seed, "fewshot_from": "other items of the task"}
+        return {"num_fewshot": self.k, "fewshot_seed": self.seed,
+                "fewshot_from": f"the {self.split} split" if self.split else "other items of the task"}
 
 
 def check(protocols: Sequence[str], k: int) -> None:
