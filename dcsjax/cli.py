@@ -193,6 +193,16 @@ def _whole(least: int, what: str):
 
 _positive_int = _whole(1, "items")
 _rows = _whole(1, "rows")
+
+
+def _batch_rows(text: str) -> int | str:
+    """--batch-size: rows, or "auto" (the most the device's free memory holds, `engine.scorer.auto_batch_size`)."""
+    if text == "auto":
+        return text
+    try:
+        return _rows(text)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"{err} (or auto)") from None
 _seed = _whole(0, "seed values (numpy's generators take no negative seed)")
 
 
@@ -503,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("score", help="token log-probs and perplexity of texts (arguments or stdin lines)")
     p.add_argument("--model", default=DEMO_MODEL, help=MODEL_HELP)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--batch-size", type=_rows, default=16)
+    p.add_argument("--batch-size", type=_batch_rows, default=16, help="rows per batch, or auto")
     p.add_argument("--document-start", default=None, help=DOCUMENT_START_HELP)
     p.add_argument("texts", nargs="*")
     p.set_defaults(func=cmd_score)
@@ -552,8 +562,9 @@ def main(argv: list[str] | None = None) -> int:
                             "run" + (" (always on for demo)" if name == "demo" else ""))
         p.add_argument("--statements", default=None,
                        help="APS statements from `dcsjax statements generate`; only the items it holds are scored")
-        p.add_argument("--batch-size", "--batch_size", type=_rows, default=16,
-                       help="rows per batch (default 16); scores do not depend on it")
+        p.add_argument("--batch-size", "--batch_size", type=_batch_rows, default=16,
+                       help="rows per batch (default 16), or auto: the most that the device's free memory holds "
+                            "(up to 128); scores do not depend on it")
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                        help="parameter dtype; log-probs are float32 either way")
         p.add_argument("--mesh", default=None, help="DATAxMODEL devices, e.g. 2x4 (default: one device)")

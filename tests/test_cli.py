@@ -45,6 +45,15 @@ def test_console_script_is_installed():
     assert proc.returncode == 0 and "gemma3-270m" in proc.stdout
 
 
+def test_batch_size_takes_rows_or_auto(capsys):
+    from dcsjax.cli import _batch_rows
+
+    assert _batch_rows("auto") == "auto" and _batch_rows("24") == 24
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "--model", "smollm2-135m-instruct", "--tasks", "known_unknowns", "--batch-size", "0"])
+    assert stop.value.code == 2 and "at least 1, not '0' (or auto)" in capsys.readouterr().err
+
+
 def test_eval_needs_model_and_tasks_and_lists_tasks(capsys):
     """`dcsjax eval` runs nothing by default (`demo` is the embedded default); `--tasks list` and `dcsjax tasks`
     list the cards; `--version` says which dcsjax."""

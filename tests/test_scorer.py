@@ -127,3 +127,22 @@ def test_a_shared_continuation_is_scored_once_with_the_same_scores(tiny, monkeyp
     assert scored == [5, 4]  # the second call scores only the four IDK continuations
     for got, want in zip([*first, *second], [*[p[:len(o)] for p, o in zip(plain, options)], *plain]):
         assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_auto_batch_size_is_the_most_rows_the_free_memory_holds(tiny):
+    """`--batch-size auto` on the tiny decoder: the rows whose compiled scoring step (XLA's memory analysis of the
+    engine's kernel) fits in 3/4 of the free memory given, the next multiple not; capped; at least one row."""
+    import jax
+
+    from dcsjax.engine.scorer import AUTO_BUCKET, AUTO_HEADROOM, AUTO_ROWS, _batch_logprobs, auto_batch_size
+
+    def used(rows):
+        spec = jax.ShapeDtypeStruct((rows, AUTO_BUCKET), np.int32)
+        m = _batch_logprobs.lower(tiny.graphdef, tiny.vocab_chunk, None, tiny.state, *[spec] * 5).compile().memory_analysis()
+        return m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
+
+    assert auto_batch_size(tiny, free_bytes=10**15) == AUTO_ROWS
+    assert auto_batch_size(tiny, free_bytes=0) == 1
+    free = int(used(20) / AUTO_HEADROOM) + 1  # room for 20 rows, not 21
+    rows = auto_batch_size(tiny, free_bytes=free)
+    assert rows == 20 and used(rows) <= AUTO_HEADROOM * free < used(rows + 1)

@@ -32,6 +32,7 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
     variant: "base" or "instruct", for a model without a card (it decides APX's prompt and whether the
     letters are asked through the chat template); a card's own variant otherwise.
     mesh: "2x4" (data x model devices), a jax Mesh, or None: parameters load straight into their shards.
+    batch_size (a scorer option): rows per batch, or "auto": the most that the device's free memory holds.
     """
     from dcsjax.checkpoints.fetch import fetch_model
     from dcsjax.nn.sharding import make_mesh
@@ -81,8 +82,16 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
     fingerprint = {**identity, "card": card.name if card else None, "dtype": dtype, "document_start": int(start),
                    "variant": variant, "parameters": param_count(model),
                    "chat_template": hashlib.sha256(template.encode()).hexdigest()[:16] if template else None}
-    return Scorer(model, tokenizer, start, name=name, card=card, progress=progress, mesh=mesh,
-                  model_fingerprint=fingerprint, variant=variant, **scorer_options)
+    auto = scorer_options.get("batch_size") == "auto"
+    if auto:
+        del scorer_options["batch_size"]
+    scorer = Scorer(model, tokenizer, start, name=name, card=card, progress=progress, mesh=mesh,
+                    model_fingerprint=fingerprint, variant=variant, **scorer_options)
+    if auto:  # the most rows the device's free memory holds (`scorer.auto_batch_size`)
+        from dcsjax.engine.scorer import auto_batch_size
+
+        scorer = scorer.replace(batch_size=auto_batch_size(scorer))
+    return scorer
 
 
 def load_config(name_or_path: str | os.PathLike) -> tuple[DecoderConfig, str]:

@@ -45,6 +45,44 @@ def _batch_logprobs(graphdef, vocab_chunk: int, mesh, state, tokens, positions, 
 _batch_logprobs_greedy = jax.jit(_forward, static_argnums=(0, 1, 2))
 
 
+AUTO_ROWS = 128  # `--batch-size auto`'s most: past it a batch of short rows no longer runs faster
+AUTO_BUCKET = 512  # the row length auto sizes for: multiple-choice prompts and options fall in buckets up to it
+AUTO_HEADROOM = 0.75  # the share of the free memory a batch may take
+
+
+def free_memory_bytes(device=None) -> int:
+    """What the device has free: an accelerator's own count (`memory_stats`), else the host's available RAM."""
+    import os
+
+    device = device or jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def auto_batch_size(scorer: "Scorer", free_bytes: int | None = None) -> int:
+    """`--batch-size auto`: the most rows of `AUTO_BUCKET` tokens (a multiple of the mesh's data devices, at most
+    `AUTO_ROWS`) whose scoring step fits in `AUTO_HEADROOM` of the free memory. The step's memory is XLA's
+    analysis of the engine's own kernel compiled at two heights: the temporaries and the rows' inputs grow
+    linearly with the rows, the parameters stay. Scores do not depend on it (`tests/test_invariance.py`)."""
+    free = free_memory_bytes() if free_bytes is None else free_bytes
+    m = scorer.row_multiple
+    sharding = batch_sharding(scorer.mesh) if scorer.mesh is not None else None
+
+    def used(rows: int) -> int:
+        spec = jax.ShapeDtypeStruct((rows, AUTO_BUCKET), np.int32, sharding=sharding)
+        memory = _batch_logprobs.lower(scorer.graphdef, scorer.vocab_chunk, scorer.mesh, scorer.state,
+                                       *[spec] * 5).compile().memory_analysis()
+        return memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes
+
+    one, two = used(m), used(2 * m)
+    per_row = max(two - one, 1) / m
+    fixed = one - per_row * m
+    rows = int((AUTO_HEADROOM * free - fixed) // per_row) // m * m
+    return max(m, min(rows, AUTO_ROWS // m * m))
+
+
 @dataclass(frozen=True)
 class Scorer:
     """A loaded model and how it is run: encoding, the request builders (texts, continuations, options,
