@@ -402,7 +402,9 @@ def cmd_plan(args) -> int:
     header = ["model", "topology", "mesh", "program", "rows x tokens", "HBM GiB/chip", "fits", "most rows",
               "compiled/model FLOPs", "est. tokens/s (train: steps/s)", "est. MFU", "compile s"]
     print(render(header, table, fmt=args.format, numeric=range(5, len(header))))
-    print(f"est.: {ESTIMATED} (per chip; XLA's cost analysis of the same programs with their loops unrolled).")
+    print(f"est.: {ESTIMATED} (per chip; XLA's cost analysis of the same programs with their loops unrolled; a step "
+          "takes at least the time to read the chip's weights, and a decode step its KV cache, at the published HBM "
+          "bandwidth: --json says which bound holds).")
     if args.json:
         from pathlib import Path
 

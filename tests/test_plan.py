@@ -50,6 +50,9 @@ def test_decode_program_compiles_for_v5e_with_its_cache(slice_2x2):
     assert r["argument_bytes"] >= r["params_bytes"] > 0 and r["fits"]
     assert r["compiled_over_model"] == pytest.approx(1.0, abs=0.05), r
     assert r["estimated_seconds"] > 0 and r["estimated_tokens_per_s"] > 0
+    # never faster than reading the chip's weights and its share of the cache once a step at HBM bandwidth
+    floor = (r["params_bytes"] + r["kv_cache_bytes_per_chip"]) / chip.hbm_bytes_per_s
+    assert r["estimated_seconds"] == pytest.approx(max(r["xla_seconds"], floor)) and r["hbm_floor_seconds"] == pytest.approx(floor)
 
 
 def test_a_cache_whose_kv_heads_the_model_axis_does_not_divide_is_split_over_head_size():
