@@ -193,6 +193,7 @@ def _whole(least: int, what: str):
 
 _positive_int = _whole(1, "items")
 _rows = _whole(1, "rows")
+_seed = _whole(0, "seed values (numpy's generators take no negative seed)")
 
 
 def _batch_rows(text: str) -> int | str:
@@ -203,7 +204,6 @@ def _batch_rows(text: str) -> int | str:
         return _rows(text)
     except argparse.ArgumentTypeError as err:
         raise argparse.ArgumentTypeError(f"{err} (or auto)") from None
-_seed = _whole(0, "seed values (numpy's generators take no negative seed)")
 
 
 def _threshold(text: str) -> float:

@@ -320,9 +320,9 @@ def _where_the_time_goes(cost: dict, chip: Chip) -> dict:
 def _speed(cost: dict, model_flops: float, tokens: int, chip: Chip, must_read: float = 0.0) -> dict:
     """Per chip: compiled against model FLOPs, and the estimated seconds as tokens/s and MFU. The estimate is
     XLA's, but never under the bandwidth floor: `must_read` bytes (a step reads every weight on the chip, and a
-    decode step its KV cache) at the chip's published HBM bandwidth. XLA's TPU cost model came in under that
-    floor for decode steps (Llama-3.1-70B on v5e 1x8: 8.7 ms a step, 6.4 GB of bytes accessed, against 17.6 GB of
-    weights a chip, 21.5 ms at 819 GB/s), so where it does the floor is the estimate (`bound`)."""
+    decode step its KV cache) at the chip's published HBM bandwidth. XLA's TPU cost model can come in under that
+    floor for a decode step (its bytes accessed counting fewer bytes than the chip's weights: docs/sharding.md),
+    and where it does the floor is the estimate (`bound` says which)."""
     xla = cost["optimal_seconds"]
     ok = xla > 0
     floor = must_read / chip.hbm_bytes_per_s

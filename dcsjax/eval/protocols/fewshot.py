@@ -2,8 +2,8 @@
 
 Exemplars are drawn per item from the card's few-shot split where it names one (`fewshot_split`: a hub
 dataset's training or development split, as lm-eval draws them), else from the task's other items (never the
-item itself: BIG-bench tasks have no training split), seeded by the run seed and the item id, so a resumed, sharded or rebatched run shows each
-item the same exemplars; each record names them (`fewshot`). An exemplar's options are shuffled by the
+item itself: BIG-bench tasks have no training split), seeded by the run seed and the item id, so a resumed,
+sharded or rebatched run shows each item the same exemplars; each record names them (`fewshot`). An exemplar's options are shuffled by the
 same rule as the items' (source order when the run keeps source order), so the exemplars' answers do
 not all sit at one letter and teach the model a position.
 """
