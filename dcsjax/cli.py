@@ -112,6 +112,29 @@ CONFIG_HELP = ("a TOML file of this command's settings, one key per flag (model 
                "limit = 20, log_samples = true); flags given on the command line win")
 
 
+# lm-eval's `--model_args k=v,...` for eval and demo: each key as the flag that says the same
+MODEL_ARGS = {"pretrained": "--model", "dtype": "--dtype", "mesh": "--mesh", "document_start": "--document-start",
+              "variant": "--variant", "batch_size": "--batch-size", "rows_per_batch": "--batch-size"}
+
+
+def _with_model_args(argv: list[str]) -> list[str]:
+    """`eval --model_args pretrained=gemma3-270m,dtype=bfloat16` as `eval --model gemma3-270m --dtype bfloat16`."""
+    if argv[:1] not in (["eval"], ["demo"]) or not any(a == "--model_args" or a.startswith("--model_args=") for a in argv):
+        return argv
+    out, rest = [], iter(argv)
+    for arg in rest:
+        if arg != "--model_args" and not arg.startswith("--model_args="):
+            out.append(arg)
+            continue
+        text = arg.partition("=")[2] if "=" in arg else next(rest, "")
+        for pair in filter(None, (x.strip() for x in text.split(","))):
+            key, eq, value = pair.partition("=")
+            if not eq or key.strip() not in MODEL_ARGS:
+                raise DcsjaxError(f"--model_args: {pair!r} is not key=value with a key of {', '.join(MODEL_ARGS)}")
+            out += [MODEL_ARGS[key.strip()], value.strip()]
+    return out
+
+
 def _with_config(commands: dict, argv: list[str]) -> list[str]:
     """`COMMAND --config FILE ...` -> COMMAND, the file's settings as flags, then the command line's own (so
     those win). A key that is no flag of the command is an error naming the file and the key."""
@@ -305,10 +328,10 @@ def _statements_parser(sub) -> None:
     from dcsjax.statements.generate import MAX_NEW_TOKENS, TEMPERATURE, TOP_P
 
     p = sub.add_parser("statements", help="declarative statements for APS: generate (model or rule) and validate")
-    actions = p.add_subparsers(dest="action", required=True)
+    actions = p.add_subparsers(dest="action", required=True, help="generate or validate")
     g = actions.add_parser("generate", help="one statement per option (002 A.1), filtered and counted")
     g.add_argument("--model", default=None, help="an instruct model; none: the card's cloze blank or template")
-    g.add_argument("--task", required=True)
+    g.add_argument("--task", required=True, help="the task (a card name, bigbench:<task> or a file)")
     g.add_argument("--out", required=True, help="JSONL of kept items (+ .rejected.jsonl of filtered ones)")
     g.add_argument("--limit", type=_positive_int, default=None, help="the first N items")
     g.add_argument("--temperature", type=float, default=TEMPERATURE)
@@ -331,14 +354,15 @@ def _train_parser(sub) -> None:
     d = TrainConfig()
     p = sub.add_parser("train-abstain", help="fine-tune a model to abstain with DCS at target thresholds and compare "
                                              "it with post-hoc thresholding on a held-out split")
-    p.add_argument("--model", default=DEMO_MODEL)
+    p.add_argument("--model", default=DEMO_MODEL, help=f"the model to fine-tune (default {DEMO_MODEL})")
     p.add_argument("--out", default="runs/abstain", help="run folder: data, features, checkpoints, results")
-    p.add_argument("--tasks", default=",".join(DEFAULT_TASKS))
+    p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
+                   help=f"abstention data, comma-separated (default {','.join(DEFAULT_TASKS)})")
     p.add_argument("--per-task", type=int, default=None, help="at most N questions of each task")
     p.add_argument("--arms", default="ce,dcs+ce", help="trained arms (ce, dcs, dcs+ce); the starting model is always "
                                                        "scored")
     p.add_argument("--thresholds", default="0.25,0.5,0.75", help="target thresholds t (lc = 1, lw = t/(1-t))")
-    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--seeds", default="0,1,2", help="seeds of the trained arms, comma-separated (default 0,1,2)")
     p.add_argument("--adapters", default="top", help="top (the top blocks trained outright), lora (adapters on every "
                                                      "projection), or both: top,lora")
     p.add_argument("--top-layers", type=int, default=2, help="blocks trained by the top adapter; the rest are frozen")
@@ -349,7 +373,8 @@ def _train_parser(sub) -> None:
     p.add_argument("--export-threshold", type=float, default=0.5, help="the DCS model at this t (seed 0) is saved "
                                                                        "to OUT/model")
     p.add_argument("--mesh", default=None, help="data x model devices for the training step, e.g. 2x4")
-    p.add_argument("--n-boot", type=_whole(1, "resamples"), default=1000)
+    p.add_argument("--n-boot", type=_whole(1, "resamples"), default=1000,
+                   help="bootstrap resamples per interval (default 1000)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     for name in ("steps", "batch_size", "accumulate", "eval_every", "patience", "ce_warmup", "warmup_steps",
                  "lora_rank"):
@@ -503,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"dcsjax {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("fetch", help="download and verify models (or `bigbench`) into the cache")
-    p.add_argument("models", nargs="+", metavar="MODEL")
+    p.add_argument("models", nargs="+", metavar="MODEL", help="model card names (`dcsjax models`), or bigbench")
     p.set_defaults(func=cmd_fetch)
     p = sub.add_parser("models", help="list the model cards")
     p.set_defaults(func=cmd_models)
@@ -514,10 +539,11 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_tasks)
     p = sub.add_parser("score", help="token log-probs and perplexity of texts (arguments or stdin lines)")
     p.add_argument("--model", default=DEMO_MODEL, help=MODEL_HELP)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="parameter dtype; log-probs are float32 either way")
     p.add_argument("--batch-size", type=_batch_rows, default=16, help="rows per batch, or auto")
     p.add_argument("--document-start", default=None, help=DOCUMENT_START_HELP)
-    p.add_argument("texts", nargs="*")
+    p.add_argument("texts", nargs="*", help="texts to score (default: one per line of stdin)")
     p.set_defaults(func=cmd_score)
     for name, help_text in [("eval", "score a model on benchmarks under every protocol"),
                             ("demo", f"the embedded default: {DEMO_MODEL} on {len(DEMO_TASKS)} BIG-bench tasks, "
@@ -574,13 +600,13 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--variant", default=None, choices=["base", "instruct"],
                        help="for a model without a card: base or instruct (APX's prompt, the letters' chat template)")
         p.add_argument("--coordinator", default=None, help="HOST:PORT of process 0, for a multi-process run")
-        p.add_argument("--num-processes", type=int, default=None)
-        p.add_argument("--process-id", type=int, default=None)
+        p.add_argument("--num-processes", type=int, default=None, help="with --coordinator: how many processes score")
+        p.add_argument("--process-id", type=int, default=None, help="with --coordinator: this process's rank, from 0")
         p.add_argument("--distributed", action="store_true",
                        help="join a multi-process run whose coordinates JAX detects (TPU pod slices, SLURM)")
         p.set_defaults(func=cmd_eval)
     p = sub.add_parser("report", help="figures and a Markdown summary, with intervals, from eval results")
-    p.add_argument("results", nargs="+", metavar="RESULTS_DIR")
+    p.add_argument("results", nargs="+", metavar="RESULTS_DIR", help="results folders of `dcsjax eval` (or demo)")
     p.add_argument("--out", required=True, help="folder for the PNG figures, metrics.json and summary.md")
     p.add_argument("--sizes", default=None, help="TOML of [model] parameters, variant for models without a card")
     p.add_argument("--n-boot", type=_whole(1, "resamples"), default=1000, help="bootstrap resamples per interval")
@@ -590,14 +616,14 @@ def main(argv: list[str] | None = None) -> int:
     _plan_parser(sub)
     p = sub.add_parser("export-lm-eval", help="a results folder's summary in lm-evaluation-harness's results schema "
                        "(`\"acc,none\"` keys), for the dashboards that read lm-eval's results files")
-    p.add_argument("results", metavar="RESULTS_DIR")
+    p.add_argument("results", metavar="RESULTS_DIR", help="a results folder of `dcsjax eval` (or demo)")
     p.add_argument("--out", default=None, help="a folder: OUT/<model>/results_<date>.json, one per model, as lm-eval "
                    "lays out its own (default RESULTS_DIR)")
     p.set_defaults(func=cmd_export_lm_eval)
     sub.add_parser("lm-eval", help="lm-evaluation-harness's command line with `--model dcsjax` registered "
                    "(every argument is lm-eval's; needs the lm-eval extra)", add_help=False)
     try:
-        argv = _with_config(sub.choices, argv)
+        argv = _with_model_args(_with_config(sub.choices, argv))
     except DcsjaxError as err:
         print(f"dcsjax: error: {err}", file=sys.stderr)
         return 2

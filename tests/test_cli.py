@@ -54,6 +54,22 @@ def test_batch_size_takes_rows_or_auto(capsys):
     assert stop.value.code == 2 and "at least 1, not '0' (or auto)" in capsys.readouterr().err
 
 
+def test_lm_eval_model_args_become_the_flags_that_say_the_same(capsys):
+    from dcsjax.cli import _with_model_args
+    from dcsjax.errors import DcsjaxError
+
+    assert _with_model_args(["eval", "--model_args", "pretrained=gemma3-270m,dtype=bfloat16,batch_size=auto",
+                             "--tasks", "known_unknowns"]) == [
+        "eval", "--model", "gemma3-270m", "--dtype", "bfloat16", "--batch-size", "auto", "--tasks", "known_unknowns"]
+    assert _with_model_args(["eval", "--model_args=pretrained=x"]) == ["eval", "--model", "x"]
+    with pytest.raises(DcsjaxError, match="'trust_remote_code=True' is not key=value with a key of pretrained"):
+        _with_model_args(["eval", "--model_args", "pretrained=x,trust_remote_code=True"])
+    assert main(["eval", "--model_args", "pretrained=smollm2-135m-instruct", "--tasks", "list"]) == 0
+    assert "known_unknowns" in capsys.readouterr().out
+    assert main(["eval", "--model_args", "pretrained=x,bogus=1", "--tasks", "list"]) == 2
+    assert "--model_args: 'bogus=1'" in capsys.readouterr().err
+
+
 def test_eval_needs_model_and_tasks_and_lists_tasks(capsys):
     """`dcsjax eval` runs nothing by default (`demo` is the embedded default); `--tasks list` and `dcsjax tasks`
     list the cards; `--version` says which dcsjax."""
