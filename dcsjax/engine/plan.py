@@ -48,7 +48,7 @@ class Chip:
     name: str
     hbm_bytes: int  # per chip, as published
     bf16_flops: float  # peak dense bfloat16 FLOP/s per chip, as published
-    hbm_bytes_per_s: float  # HBM bandwidth per chip, as published
+    hbm_bytes_per_s: float = 0.0  # HBM bandwidth per chip, as published (0: not known, no bandwidth floor)
 
 
 CHIPS = {  # by the topology name's prefix, as libtpu spells it
@@ -325,7 +325,7 @@ def _speed(cost: dict, model_flops: float, tokens: int, chip: Chip, must_read: f
     and where it does the floor is the estimate (`bound` says which)."""
     xla = cost["optimal_seconds"]
     ok = xla > 0
-    floor = must_read / chip.hbm_bytes_per_s
+    floor = must_read / chip.hbm_bytes_per_s if chip.hbm_bytes_per_s else 0.0
     seconds = max(xla, floor) if ok else None
     return {"compiled_flops": cost["flops"], "model_flops": model_flops,
             "compiled_over_model": cost["flops"] / model_flops if model_flops else float("nan"),
