@@ -70,6 +70,17 @@ def test_lm_eval_model_args_become_the_flags_that_say_the_same(capsys):
     assert "--model_args: 'bogus=1'" in capsys.readouterr().err
 
 
+def test_a_hub_task_offline_is_one_line_before_the_model_loads(capsys, monkeypatch):
+    """arc_easy with the hub unreachable (the tests run with HF_HUB_OFFLINE=1) and not in the datasets cache."""
+    import dcsjax
+
+    monkeypatch.setattr(dcsjax, "load", lambda *a, **k: pytest.fail("the model loaded before the data was checked"))
+    assert main(["eval", "--model", "smollm2-135m-instruct", "--tasks", "arc_easy", "--limit", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("dcsjax: error: task arc_easy: the hub dataset allenai/ai2_arc (ARC-Easy, test) could not")
+
+
 def test_eval_needs_model_and_tasks_and_lists_tasks(capsys):
     """`dcsjax eval` runs nothing by default (`demo` is the embedded default); `--tasks list` and `dcsjax tasks`
     list the cards; `--version` says which dcsjax."""

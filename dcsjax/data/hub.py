@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from dcsjax.errors import DcsjaxError
 from dcsjax.data.items import Item, ItemError, check_item
 
 Row = dict[str, Any]
@@ -97,7 +98,14 @@ def hub_items(name: str, dataset: str, schema: str, config: str | None = None, s
         rows = datasets.load_dataset("json", data_files=data_files, split="train")
         where_prefix = str(data_files)
     else:
-        rows = datasets.load_dataset(dataset, config, split=split)
+        try:
+            rows = datasets.load_dataset(dataset, config, split=split)
+        except (ConnectionError, OSError) as err:  # offline and not in the datasets cache, or no such dataset
+            raise DcsjaxError(
+                f"task {name}: the hub dataset {dataset} ({config or 'default'}, {split}) could not be loaded: "
+                f"{str(err).splitlines()[0] if str(err) else type(err).__name__}. It is read from the datasets cache "
+                "when the hub is unreachable (HF_HUB_OFFLINE, no network): run once online, or give the items as a "
+                "local file (jsonl:, json: or csv:)") from err
         where_prefix = f"{dataset}:{config or ''}:{split}"
     items: list[Item] = []
     errors: list[ItemError] = []
