@@ -64,6 +64,30 @@ def eval_on_mesh(name) -> dict:
             "apx_same_generations": [a["generation"] for a in one["apx"]] == [b["generation"] for b in sharded["apx"]]}
 
 
+def splash_on_mesh() -> dict:
+    """The TPU long-row kernel (splash, in interpret mode) under shard_map on a 2x4 mesh against the dense path on
+    one device: rows over data, KV heads over model where 4 divides them (4 heads), all heads on every model
+    device where it does not (2 heads)."""
+    from dcsjax.nn.attention import MaskParts, dense_attention, splash_attention
+    from dcsjax.nn.sharding import make_mesh
+
+    mesh = make_mesh("2x4")
+    rng = np.random.default_rng(2)
+    out = {}
+    for n in (4, 2):
+        b, t, g, k = 2, 256, 2, 16
+        seg = jnp.asarray((np.arange(t)[None, :] < np.array([[256], [200]])).astype(np.int32))
+        pos = jnp.asarray(np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)))
+        parts = MaskParts(seg, seg, jnp.zeros_like(seg), pos, pos)
+        q = jnp.asarray(rng.normal(size=(b, t, n, g, k)), jnp.float32)
+        keys, values = (jnp.asarray(rng.normal(size=(b, t, n, k)), jnp.float32) for _ in range(2))
+        dense = dense_attention(q, keys, values, parts.dense(), 0.25, None)
+        sharded = jax.jit(lambda q, k, v: splash_attention(q, k, v, parts, 0.25, None, mesh=mesh, interpret=True,
+                                                           block=128))(q, keys, values)
+        out[f"{n}_kv_heads_max_diff"] = float(jnp.abs(sharded - dense)[np.asarray(seg) > 0].max())
+    return out
+
+
 def main(names):
     from pathlib import Path
 
@@ -96,6 +120,7 @@ def main(names):
         result["vocab"] = vocab
         if name == names[0] and not options:
             result["eval"] = eval_on_mesh(name)
+            result["splash"] = splash_on_mesh()
         print(json.dumps(result), flush=True)
         jnp.zeros(1).block_until_ready()
 

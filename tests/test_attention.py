@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dcsjax.nn.attention import NO_WINDOW, MaskParts, blockwise_attention, dense_attention, pallas_attention
+from dcsjax.nn.attention import (NO_WINDOW, MaskParts, blockwise_attention, dense_attention, pallas_attention,
+                                  splash_attention)
 
 
 def packed_rows(t: int, layouts: list[list[tuple[int, bool]]]) -> MaskParts:
@@ -64,11 +65,13 @@ def test_blockwise_attention_equals_the_dense_path(window, cap):
 def test_the_long_row_kernel_is_named_or_refused(monkeypatch):
     from dcsjax.nn.attention import long_row_kernel
 
-    assert long_row_kernel() == "blockwise"
+    assert long_row_kernel() == "blockwise"  # CPU
+    tpu = type("Mesh", (), {"devices": np.array([type("Device", (), {"platform": "tpu"})()])})()
+    assert long_row_kernel(tpu) == "splash"  # a mesh of TPU devices (a topology compiled for here too)
     monkeypatch.setenv("DCSJAX_LONG_ROWS", "pallas")
     assert long_row_kernel() == "pallas"
     monkeypatch.setenv("DCSJAX_LONG_ROWS", "flash")
-    with pytest.raises(ValueError, match="DCSJAX_LONG_ROWS must be blockwise or pallas"):
+    with pytest.raises(ValueError, match="DCSJAX_LONG_ROWS must be one of blockwise, pallas, splash"):
         long_row_kernel()
 
 
@@ -111,3 +114,53 @@ def test_a_32k_token_gemma_row_needs_under_2_gib_beyond_its_weights(gemma3):
     temp = compiled.memory_analysis().temp_size_in_bytes
     print(f"32k-token Gemma 3 row: {temp / 2**30:.2f} GiB beyond the weights and inputs")
     assert temp < 2 * 2**30
+
+
+def test_splash_attention_equals_the_dense_path_on_rows_of_one_sequence():
+    """JAX's splash kernel (the TPU path), in Pallas' interpret mode, on what the scorer gives it on TPU: one
+    sequence per row from column 0, padding after; grouped queries, a sliding window, soft-capped scores."""
+    rng = np.random.default_rng(1)
+    b, t, n, g, k = 3, 512, 2, 3, 32
+    seg = (np.arange(t)[None, :] < np.array([[512], [300], [1]])).astype(np.int32)
+    pos = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t))
+    seg, pos = jnp.asarray(seg), jnp.asarray(pos)
+    parts = MaskParts(seg, seg, jnp.zeros_like(seg), pos, pos)
+    q = jnp.asarray(rng.normal(size=(b, t, n, g, k)) * 2, jnp.float32)
+    keys, values = (jnp.asarray(rng.normal(size=(b, t, n, k)), jnp.float32) for _ in range(2))
+    real = np.asarray(seg) > 0
+    for window, cap in [(NO_WINDOW, None), (100, 50.0)]:
+        part = parts._replace(window=window)
+        dense = dense_attention(q, keys, values, part.dense(), 0.25, cap)
+        # the model's local window is 100; the layer's traced window picks the local or the global mask
+        splash = splash_attention(q, keys, values, part, 0.25, cap, sliding_window=100, interpret=True, block=128)
+        assert float(jnp.abs(splash - dense)[real].max()) < 1e-5, (window, cap)
+
+
+@pytest.mark.slow
+def test_long_rows_on_splash_score_shared_questions_as_whole_sequences(tiny, monkeypatch):
+    """Splash masks by segment equality only, so where it runs (TPU) the scorer gives a shared question that
+    fills a long row one whole sequence per option; the options' scores are those of the shared row on the
+    default kernel (here blockwise), to float32 rounding. The decoder with splash in interpret mode, end to end."""
+    from conftest import PASSAGE
+    from dcsjax.engine import scorer as scoring
+    from dcsjax.nn import attention
+
+    traced = []
+    monkeypatch.setattr(attention, "splash_attention", lambda *a, **k: traced.append(a[0].shape) or splash_attention(*a, **k))
+    scorer = tiny.replace(continuation_cache=None)
+    context = scorer.tokenizer.decode(scorer.encode([PASSAGE])[0][:1100])
+    options = [[" The end.", " Nothing more to say here.", " And so it goes"]]
+    kernels = (scoring._batch_logprobs, scoring._batch_logprobs_greedy)
+    try:
+        shared = scorer.option_logprobs([context], options)[0]
+        for kernel in kernels:  # the long-row kernel is chosen at trace time
+            kernel.clear_cache()
+        monkeypatch.setenv("DCSJAX_LONG_ROWS", "splash")
+        whole = scorer.option_logprobs([context], options)[0]
+    finally:
+        for kernel in kernels:
+            kernel.clear_cache()
+    assert traced and all(shape[0] >= 1 and shape[1] >= 1024 for shape in traced)  # splash ran, on long rows
+    assert [len(x) for x in whole] == [len(x) for x in shared]
+    for a, b in zip(whole, shared):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)

@@ -57,7 +57,7 @@ def _decode(graphdef, state, tokens, lengths, keys, max_new: int, temperature: f
     model = nnx.merge(graphdef, state)
     b, t = tokens.shape
     positions, segments = right_padded(lengths, t)
-    hidden, (cache_k, cache_v) = model(tokens, positions, segments, return_kv=True)  # [L, B, T, N, K]
+    hidden, (cache_k, cache_v) = model(tokens, positions, segments, return_kv=True, mesh=mesh)  # [L, B, T, N, K]
     pad = ((0, 0), (0, 0), (0, max_new), (0, 0), (0, 0))
     cache_k, cache_v = (constrain(jnp.pad(x, pad), CACHE_AXES, mesh) for x in (cache_k, cache_v))
     def next_token(h, step):  # h [B, D]

@@ -16,6 +16,9 @@ Two kinds of figures, kept apart:
   model's depth: total = c(p) + (L / p - 1) (c(2p) - c(p)). Seconds, tokens/s and MFU derived from them are
   estimates of XLA's TPU cost model, not measurements; a device run (`bench/gpu_llama1b.py` on GPU) is what
   measures.
+- Long rows on TPU attend through the splash kernel (`nn.attention.splash_attention`), a Mosaic custom call that
+  XLA's cost model counts as free. Its FLOPs are counted from the tiles it computes (`splash_tiles`) and its
+  time taken at the chip's bf16 peak (a lower bound), then added (`attention_kernel` in the result).
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from dcsjax.errors import ConfigError
 from dcsjax.nn import loops
+from dcsjax.nn.attention import SPLASH_BLOCK, long_row_kernel, takes_blockwise
 from dcsjax.nn.config import DecoderConfig
 from dcsjax.nn.decoder import Decoder
 from dcsjax.nn.sharding import CACHE_AXES, MESH_AXES, partition_spec
@@ -243,12 +248,53 @@ def plan_scoring(config: DecoderConfig, mesh, chip: Chip, rows: int = 8, length:
             cost_rows = max(data, cost_rows // 2 // data * data)
     scale = rows / cost_rows
     cost = {k: ({kk: vv * scale for kk, vv in v.items()} if isinstance(v, dict) else v * scale) for k, v in cost.items()}
+    kernel = splash_cost(config, mesh, chip, rows, length)
+    cost = with_kernel(cost, kernel, config.num_layers)
     tokens = rows * length
     model_flops = config.flops_per_token(mean_context=(length + 1) / 2) * tokens / mesh.size
     params = bytes_per_chip(abstract_model(config, mesh, dtype)[1])
     return {"program": "score", "rows": rows, "length": length, "tokens": tokens, "params_bytes": params,
             **memory, **_fit(memory, doubled, rows, data, chip), **_speed(cost, model_flops, tokens, chip, params),
-            **_where_the_time_goes(cost, chip), "cost_rows": cost_rows, "compile_s": round(seconds, 1)}
+            **_where_the_time_goes(cost, chip), "attention_kernel": kernel, "cost_rows": cost_rows,
+            "compile_s": round(seconds, 1)}
+
+
+def splash_tiles(length: int, window: int | None = None, block: int = SPLASH_BLOCK) -> int:
+    """The [block, block] tiles of a row of `length` tokens (one sequence from column 0) that the splash kernel
+    computes for one head: those holding a visible pair, causal and within `window` (None: global)."""
+    b = min(block, length)
+    i, j = (a.ravel() for a in np.meshgrid(np.arange(length // b), np.arange(length // b), indexing="ij"))
+    live = j * b <= i * b + b - 1
+    if window is not None:
+        live &= i * b - (j * b + b - 1) < window
+    return int(live.sum())
+
+
+def splash_cost(config: DecoderConfig, mesh, chip: Chip, rows: int, length: int) -> dict | None:
+    """What XLA's cost model leaves out of a scoring step whose rows go through splash (None where they do not):
+    per chip, the kernel's FLOPs (its tiles' two matmuls, every layer) and their time at the chip's bf16 peak."""
+    if not takes_blockwise(length) or long_row_kernel(mesh) != "splash":
+        return None
+    b = min(SPLASH_BLOCK, length)
+    m = mesh.shape["model"]
+    heads = config.num_heads // m if config.num_kv_heads % m == 0 else config.num_heads  # as its shard_map splits
+    tiles = sum(splash_tiles(length, config.sliding_window if local else None, b) for local in config.local_layers)
+    flops = 4 * b * b * config.head_dim * heads * (rows // mesh.shape["data"]) * tiles
+    return {"name": "splash", "flops": float(flops), "seconds_at_peak": flops / chip.bf16_flops,
+            "how": "FLOPs counted from the kernel's tiles, time at the chip's bf16 peak (a lower bound)"}
+
+
+def with_kernel(cost: dict, kernel: dict | None, layers: int) -> dict:
+    """XLA's cost with the attention kernel's FLOPs and seconds added (to the whole and, a layer's share, to
+    `per_layer`)."""
+    if kernel is None:
+        return cost
+    add = lambda c, n: {**c, "flops": c["flops"] + kernel["flops"] / n,  # noqa: E731
+                        "optimal_seconds": c["optimal_seconds"] + kernel["seconds_at_peak"] / n}
+    out = add(cost, 1)
+    if "per_layer" in cost:
+        out["per_layer"] = add(cost["per_layer"], layers)
+    return out
 
 
 def plan_decode(config: DecoderConfig, mesh, chip: Chip, rows: int = 64, cached: int = 1024, new_tokens: int = 32,

@@ -18,7 +18,9 @@ from flax import nnx
 
 from dcsjax.errors import ConfigError, InputError
 from dcsjax.engine.logprobs import reduce_logprobs, sharded_token_logprobs, token_logprobs_and_greedy
-from dcsjax.engine.packing import BUCKET_MULTIPLE, DEFAULT_BUCKETS, Group, PlannedBatch, make_batch, plan_batches
+from dcsjax.engine.packing import (BUCKET_MULTIPLE, DEFAULT_BUCKETS, Group, PlannedBatch, bucket_for, make_batch,
+                                   plan_batches)
+from dcsjax.nn.attention import long_row_kernel, shares_prefixes, takes_blockwise
 from dcsjax.nn.decoder import Decoder
 from dcsjax.nn.sharding import batch_sharding
 
@@ -28,7 +30,7 @@ def _forward(graphdef, vocab_chunk: int, mesh, state, tokens, positions, segment
     argmax), junk where t has no target. On a mesh, the parameters and rows arrive sharded and the
     vocabulary is scanned shard by shard."""
     model = nnx.merge(graphdef, state)
-    hidden = model(tokens, positions, segment_ids, attend_to)  # [B, T, D]
+    hidden = model(tokens, positions, segment_ids, attend_to, mesh=mesh)  # [B, T, D]
     cap = model.config.final_softcap
     if mesh is not None:
         return sharded_token_logprobs(hidden, model.output_embedding, targets, mesh, vocab_chunk, cap, with_greedy=True)
@@ -81,6 +83,23 @@ def auto_batch_size(scorer: "Scorer", free_bytes: int | None = None) -> int:
     fixed = one - per_row * m
     rows = int((AUTO_HEADROOM * free - fixed) // per_row) // m * m
     return max(m, min(rows, AUTO_ROWS // m * m))
+
+
+def _cut_back(groups: list[Group], origin: list[tuple[int, int | None]], ran: list) -> list:
+    """`Scorer._run_groups`' parts of groups that were run as whole sequences, one per suffix (`origin`), cut
+    back into the groups' (prefix, suffixes) shape: a whole sequence's scores are its prefix's n - 1 (the
+    first token conditions), the prediction of the suffix's first token (the context's last, which a group's
+    suffix restarts with and does not score), then the suffix's."""
+    out = [(None, [None] * len(g.suffixes)) for g in groups]
+    for (g, j), (scores, suffix_scores) in zip(origin, ran):
+        if j is None:
+            out[g] = (scores, suffix_scores)
+            continue
+        n = len(groups[g].prefix)
+        out[g][1][j] = scores[n:]
+        if j == 0:
+            out[g] = (scores[:max(n - 1, 0)], out[g][1])
+    return out
 
 
 @dataclass(frozen=True)
@@ -299,7 +318,25 @@ class Scorer:
 
     def _run_groups(self, groups: list[Group], greedy: bool = False):
         """Per group: the prefix's token log-probs and each suffix's (its first token is not scored); with
-        greedy, a second list of the same shape holds whether each scored token is the argmax."""
+        greedy, a second list of the same shape holds whether each scored token is the argmax.
+
+        Where the long-row kernel cannot share a prefix (splash, on TPU: `attention.shares_prefixes`), a group
+        that would fill a long row is run as one whole sequence per suffix, and its parts cut back out."""
+        if shares_prefixes(long_row_kernel(self.mesh)):
+            return self._run_packed(groups, greedy)
+        whole, origin = [], []  # origin[w] = (group, suffix; None: the group itself)
+        for g, group in enumerate(groups):
+            if group.suffixes and (group.room > self.max_length or takes_blockwise(bucket_for(group.room, self.buckets))):
+                whole += [Group(group.prefix + suffix) for suffix in group.suffixes]
+                origin += [(g, j) for j in range(len(group.suffixes))]
+            else:
+                whole.append(group)
+                origin.append((g, None))
+        ran = self._run_packed(whole, greedy)
+        return tuple(_cut_back(groups, origin, r) for r in ran) if greedy else _cut_back(groups, origin, ran)
+
+    def _run_packed(self, groups: list[Group], greedy: bool = False):
+        """`_run_groups` as the packed rows hold them."""
         for i, group in enumerate(groups):
             if group.longest > self.max_length:
                 raise InputError(

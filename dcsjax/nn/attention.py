@@ -20,13 +20,17 @@ each, at offset 0 (`packing.plan_batches` puts a group in the smallest bucket th
 of over 512 tokens never share a row of 1024), and a text's row length follows from its own length, so no
 score depends on what else is packed or batched with it (`tests/test_attention.py` checks the bits).
 Shorter rows keep the dense path: they pack sequences at any offset, where tile boundaries would make a
-score depend on its offset, and a row of one tile gains nothing from tiling. The same code serves every
-backend (XLA compiles the tiles' matmuls for GPU and TPU too).
+score depend on its offset, and a row of one tile gains nothing from tiling. CPU and GPU run this blockwise
+path by default.
 
 `pallas_attention` is the same tiled computation as one Pallas kernel, for GPUs. It is checked in Pallas'
 interpret mode on CPU against the dense path; it has never run on a GPU (none has been lent to this
 project), so it is not the default anywhere yet: `DCSJAX_LONG_ROWS=pallas` selects it for long rows
-(`bench/gpu_llama1b.py` measures both on a device). No TPU (Mosaic) kernel.
+(`bench/gpu_llama1b.py` measures both on a device).
+
+On TPU long rows go through JAX's splash kernel (`splash_attention`, under `shard_map` on a mesh), which masks
+by a static causal or local mask and segment equality: rows of one sequence from column 0, which the scorer
+makes there (`shares_prefixes`). Checked in interpret mode on CPU; compiled for TPU topologies by `dcsjax plan`.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from dcsjax.nn import loops
 
@@ -46,20 +51,50 @@ BLOCK = 512  # queries and keys per tile
 NO_WINDOW = 1 << 30  # the window of a global layer
 
 
-def long_row_kernel() -> str:
-    """What long rows run through: "blockwise" (the default), or "pallas" (`DCSJAX_LONG_ROWS=pallas`; interpret
-    mode off a GPU). Read at trace time."""
-    kernel = os.environ.get("DCSJAX_LONG_ROWS", "blockwise")
-    if kernel not in ("blockwise", "pallas"):
-        raise ValueError(f"DCSJAX_LONG_ROWS must be blockwise or pallas, not {kernel!r}")
+KERNELS = ("blockwise", "pallas", "splash")
+
+
+def platform(mesh=None) -> str:
+    """The platform a program runs on: its mesh's devices' (a TPU topology compiled for on a CPU host is "tpu"),
+    else the default backend's."""
+    return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+
+
+def long_row_kernel(mesh=None) -> str:
+    """What long rows run through: "splash" on TPU (JAX's Pallas TPU kernel, `splash_attention`), "blockwise"
+    elsewhere; `DCSJAX_LONG_ROWS` names one of `KERNELS` instead ("pallas": the GPU kernel; a Pallas kernel off
+    its own platform runs in interpret mode). Read at trace time."""
+    kernel = os.environ.get("DCSJAX_LONG_ROWS") or ("splash" if platform(mesh) == "tpu" else "blockwise")
+    if kernel not in KERNELS:
+        raise ValueError(f"DCSJAX_LONG_ROWS must be one of {', '.join(KERNELS)}, not {kernel!r}")
     return kernel
 
 
-def tiled_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts, scale: float,
+def shares_prefixes(kernel: str) -> bool:
+    """Whether the kernel takes a row whose suffixes attend to a shared prefix (`MaskParts.attend_to`). Splash
+    masks by segment equality only, so on it the scorer gives a long row one sequence (`Scorer._run_groups`)."""
+    return kernel != "splash"
+
+
+class LongRow(NamedTuple):
+    """A long row's mask as the tiled kernels take it (`MaskParts`, the layer's window in it), the model's local
+    layers' window (None: it has none; splash builds its static masks from it) and the mesh the program runs on
+    (None: one device), which picks the kernel (`long_row_kernel`)."""
+
+    parts: MaskParts
+    sliding_window: int | None = None
+    mesh: object = None
+
+
+def tiled_attention(q: jax.Array, k: jax.Array, v: jax.Array, row: LongRow, scale: float,
                     cap: float | None) -> jax.Array:
-    """A long row's attention through `long_row_kernel()`."""
-    if long_row_kernel() == "pallas":
-        return pallas_attention(q, k, v, parts, scale, cap, interpret=jax.default_backend() != "gpu")
+    """A long row's attention through `long_row_kernel(row.mesh)`."""
+    parts, mesh = row.parts, row.mesh
+    kernel = long_row_kernel(mesh)
+    if kernel == "pallas":
+        return pallas_attention(q, k, v, parts, scale, cap, interpret=platform(mesh) != "gpu")
+    if kernel == "splash":
+        return splash_attention(q, k, v, parts, scale, cap, row.sliding_window, mesh, interpret=platform(mesh) != "tpu")
     return blockwise_attention(q, k, v, parts, scale, cap)
 
 
@@ -298,3 +333,63 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts,
     )(heads, keys, values, parts.q_segment, parts.attend_to, parts.q_position, parts.k_segment, parts.k_position,
       live, window)
     return jnp.moveaxis(out, 1, 2).reshape(b, t, n, g, kd)
+
+
+# ------------------------------------------------------------------------------------------------ splash (TPU)
+SPLASH_BLOCK = 512  # queries and keys per tile of the splash kernel (a multiple of 128; long rows are of 512)
+
+
+def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts, scale: float, cap: float | None,
+                     sliding_window: int | None = None, mesh=None, interpret: bool = False,
+                     block: int = SPLASH_BLOCK) -> jax.Array:
+    """Long rows on TPU through JAX's splash attention kernel (`jax.experimental.pallas.ops.tpu.splash_attention`,
+    a Mosaic kernel that skips the tiles its static mask rules out). q [B, T, N, G, K], k, v [B, S, N, K] ->
+    [B, T, N, G, K] float32.
+
+    Splash's mask is static (causal, or causal within `sliding_window`, by column) and-ed with segment equality,
+    so it equals `visible` on rows that hold one sequence from column 0, padding after: there positions are
+    columns and nothing attends across segments. Those are the long rows the scorer makes on TPU
+    (`shares_prefixes`); a shared question's suffixes (`attend_to`) are not expressible and must not reach it.
+    A layer's window is traced (the layer scan's flags), so a model with local layers compiles both masks and
+    `lax.cond` picks one. On a mesh the kernel runs under `shard_map`: rows over `data`, KV heads over `model`
+    where that axis divides them (else every model device computes all heads of its rows). Queries are scaled
+    before the kernel (it takes no scale), in their own dtype; its sums are float32, its output q's dtype."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    b, t, n, g, kd = q.shape
+    s = k.shape[1]
+    bq, bk = min(block, t), min(block, s)
+    if t % bq or s % bk:
+        raise ValueError(f"rows of {t} queries and {s} keys do not split into tiles of {bq} x {bk}")
+    sizes = splash.BlockSizes(block_q=bq, block_kv=bk, block_kv_compute=bk, block_q_dkv=bq, block_kv_dkv=bk,
+                              block_kv_dkv_compute=bk, block_q_dq=bq, block_kv_dq=bk)
+
+    def kernel(window: int | None):  # one KV head's G query heads: q [G, T, K], k, v [S, K]
+        head = splash.CausalMask((t, s)) if window is None else splash.LocalMask((t, s), (window - 1, 0), 0)
+        return splash.make_splash_mqa_single_device(splash.MultiHeadMask([head] * g), block_sizes=sizes,
+                                                    attn_logits_soft_cap=cap, interpret=interpret)
+
+    kernels = [kernel(None)] + ([kernel(sliding_window)] if sliding_window and sliding_window < NO_WINDOW else [])
+
+    def local(q, k, v, segments, window):  # one device's rows and heads
+        heads = (q * jnp.asarray(scale, q.dtype)).transpose(0, 2, 3, 1, 4)  # [b, n, G, T, K]
+        keys, values = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [b, n, S, K]
+        ids = splash.SegmentIds(segments, segments)  # [b, T] each
+
+        def run(kern):
+            per_head = jax.vmap(kern, in_axes=(0, 0, 0, None))  # KV heads of a row share its segments
+            return jax.vmap(per_head, in_axes=(0, 0, 0, 0))(heads, keys, values, ids)  # [b, n, G, T, K]
+
+        out = run(kernels[0]) if len(kernels) == 1 else jax.lax.cond(window < NO_WINDOW, lambda: run(kernels[1]),
+                                                                      lambda: run(kernels[0]))
+        return out.transpose(0, 3, 1, 2, 4).astype(F32)
+
+    window = jnp.asarray(parts.window, jnp.int32)
+    if mesh is None:
+        return local(q, k, v, parts.q_segment, window)
+
+    rows = "data" if b % mesh.shape["data"] == 0 else None
+    heads = "model" if n % mesh.shape["model"] == 0 else None
+    return jax.shard_map(local, mesh=mesh, check_vma=False,
+                         in_specs=(P(rows, None, heads), P(rows, None, heads), P(rows, None, heads), P(rows), P()),
+                         out_specs=P(rows, None, heads))(q, k, v, parts.q_segment, window)

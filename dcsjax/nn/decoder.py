@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dcsjax.nn.attention import (NO_WINDOW, MaskParts, cached_attention, dense_attention, softcap, takes_blockwise,
+from dcsjax.nn.attention import (NO_WINDOW, LongRow, MaskParts, cached_attention, dense_attention, softcap, takes_blockwise,
                                   tiled_attention, visible)
 from dcsjax.nn import loops
 from dcsjax.nn.config import DecoderConfig
@@ -114,18 +114,20 @@ class Decoder(nnx.Module):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,
                  attend_to: jax.Array | None = None, *, remat: bool = False, return_kv: bool = False,
-                 blockwise: bool | None = None):
+                 blockwise: bool | None = None, mesh=None):
         """Final hidden states [B, T, D] of rows of tokens [B, T].
 
         positions [B, T]: RoPE positions. segment_ids [B, T]: 0 is padding; a token attends to earlier
         tokens of its own segment and, if `attend_to` [B, T] names one, of that segment too (a shared
         question that several option segments continue). With return_kv, also every layer's keys and
         values [L, B, T, N, K] (a prefill for `decode_step`). blockwise: the attention path (`attention_masks`;
-        by default from the row length).
+        by default from the row length). mesh: the mesh the program runs on, which picks the long-row kernel
+        (`attention.long_row_kernel`: splash on TPU) and runs it under `shard_map`.
         """
         c = self.config
         x, kv = run_blocks(c, self.layers.arrays(), layer_flags(c), self.embed_tokens(tokens),
-                           positions, segment_ids, attend_to, remat=remat, return_kv=return_kv, blockwise=blockwise)
+                           positions, segment_ids, attend_to, remat=remat, return_kv=return_kv, blockwise=blockwise,
+                           mesh=mesh)
         hidden = self.final(x)
         return (hidden, kv) if return_kv else hidden
 
@@ -179,10 +181,10 @@ class Decoder(nnx.Module):
 
 def run_blocks(c: DecoderConfig, params: dict[str, jax.Array], flags: "LayerFlags", x: jax.Array,
                positions: jax.Array, segment_ids: jax.Array, attend_to: jax.Array | None = None, *,
-               remat: bool = False, return_kv: bool = False, blockwise: bool | None = None):
+               remat: bool = False, return_kv: bool = False, blockwise: bool | None = None, mesh=None):
     """x [B, T, D] through the blocks whose parameters are stacked in `params` (leading axis: those layers;
     `flags` says which of them are sliding-window and which use RoPE) -> (x [B, T, D], keys and values or None)."""
-    masks = attention_masks(c, positions, segment_ids, attend_to, blockwise=blockwise)
+    masks = attention_masks(c, positions, segment_ids, attend_to, blockwise=blockwise, mesh=mesh)
     ropes = rope_tables(c, positions)
 
     def block(x, layer):
@@ -230,12 +232,14 @@ class Masks(NamedTuple):
 
 
 class TiledMasks(NamedTuple):
-    """The blockwise path's masks: the parts each tile's mask is built from, and the local layers' window."""
+    """The tiled paths' masks: the parts each tile's mask is built from, the local layers' window and the mesh."""
     parts: MaskParts
-    sliding_window: int
+    sliding_window: int | None
+    mesh: object = None
 
-    def pick(self, flags: LayerFlags) -> MaskParts:
-        return self.parts._replace(window=jnp.where(flags.local, self.sliding_window, NO_WINDOW))
+    def pick(self, flags: LayerFlags) -> LongRow:
+        window = jnp.where(flags.local, self.sliding_window or NO_WINDOW, NO_WINDOW)
+        return LongRow(self.parts._replace(window=window), self.sliding_window, self.mesh)
 
 
 def inverse_frequencies(head_dim: int, base: float, llama3: tuple | None = None) -> np.ndarray:
@@ -286,15 +290,15 @@ def unembed(hidden: jax.Array, rows: jax.Array, cap: float | None) -> jax.Array:
 
 
 def attention_masks(c: DecoderConfig, positions, segment_ids, attend_to=None, *,
-                    blockwise: bool | None = None) -> Masks | TiledMasks:
-    """The masks of rows [B, T] for every layer kind. blockwise: tiles for `blockwise_attention` instead
-    of [B, T, S] arrays; by default for rows of `attention.BLOCKWISE_FROM` tokens or more."""
+                    blockwise: bool | None = None, mesh=None) -> Masks | TiledMasks:
+    """The masks of rows [B, T] for every layer kind. blockwise: tiles for a tiled kernel instead of [B, T, S]
+    arrays; by default for rows of `attention.BLOCKWISE_FROM` tokens or more (the kernel: `long_row_kernel(mesh)`)."""
     if blockwise is None:
         blockwise = takes_blockwise(segment_ids.shape[1])
     to = jnp.zeros_like(segment_ids) if attend_to is None else attend_to  # 0 = none: only padding keys match it, and those are masked
     parts = MaskParts(segment_ids, segment_ids, to, positions, positions)
     if blockwise:
-        return TiledMasks(parts, c.sliding_window or NO_WINDOW)
+        return TiledMasks(parts, c.sliding_window if any(c.local_layers) else None, mesh)
     glob = parts.dense()  # [B, T, S], the same rule (`attention.visible`) as the tiles
     if not any(c.local_layers):
         return Masks(glob, glob)
@@ -406,7 +410,7 @@ def project_kv(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope) -> tuple[jax
     return apply_rope(k, rope), v
 
 
-def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array | MaskParts, cache=None,
+def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array | LongRow, cache=None,
               context=None):
     """-> (output [B, T, D], (keys, values) [B, S, N, K]). mask: [B, T, S] bool (the dense path) or the
     parts of a long row's mask (the blockwise path; `dcsjax.nn.attention`).
@@ -425,7 +429,7 @@ def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Arr
     k, v = project_kv(c, p, x, rope) if context is None else context
     if cache is not None:
         out = cached_attention(q, *cache, k, v, mask, c.attn_scale, c.attn_softcap)
-    elif isinstance(mask, MaskParts):
+    elif isinstance(mask, LongRow):
         out = tiled_attention(q, k, v, mask, c.attn_scale, c.attn_softcap)
     else:
         out = dense_attention(q, k, v, mask, c.attn_scale, c.attn_softcap)
