@@ -64,6 +64,35 @@ def eval_on_mesh(name) -> dict:
             "apx_same_generations": [a["generation"] for a in one["apx"]] == [b["generation"] for b in sharded["apx"]]}
 
 
+def random_moe(seed: int = 0, experts: int = 8):
+    """(config, one layer's router and expert weights): Qwen3-30B-A3B's published config at a tiny width, 8
+    experts, 2 a token; random weights (what is checked is the routing arithmetic, not the model)."""
+    import dataclasses
+
+    from dcsjax.engine.load import load_config
+
+    config = dataclasses.replace(load_config("qwen3-30b-a3b")[0], hidden_size=32, num_experts=experts,
+                                 experts_per_token=2, expert_mlp_size=16)
+    rng = np.random.default_rng(seed)
+    d, e, f = config.hidden_size, experts, config.expert_mlp_size
+    weights = {"router": rng.normal(size=(d, e)), "expert_gate": rng.normal(size=(e, d, f)) / 4,
+               "expert_up": rng.normal(size=(e, d, f)) / 4, "expert_down": rng.normal(size=(e, f, d)) / 4}
+    x = rng.normal(size=(4, 64, d))
+    return config, {k: jnp.asarray(v, jnp.float32) for k, v in weights.items()}, jnp.asarray(x, jnp.float32)
+
+
+def routed_on_mesh() -> float:
+    """The TPU path of the MoE (each model device its own experts, under shard_map) on a 2x4 mesh against every
+    expert computed densely on one device: the largest difference."""
+    from dcsjax.nn.decoder import dense_experts, routed_experts
+    from dcsjax.nn.sharding import make_mesh
+
+    config, weights, x = random_moe()
+    mesh = make_mesh("2x4")
+    routed = jax.jit(lambda w, x: routed_experts(config, w, x, mesh))(weights, x)
+    return float(jnp.abs(routed - dense_experts(config, weights, x)).max())
+
+
 def splash_on_mesh() -> dict:
     """The TPU long-row kernel (splash, in interpret mode) under shard_map on a 2x4 mesh against the dense path on
     one device: rows over data, KV heads over model where 4 divides them (4 heads), all heads on every model
@@ -121,6 +150,7 @@ def main(names):
         if name == names[0] and not options:
             result["eval"] = eval_on_mesh(name)
             result["splash"] = splash_on_mesh()
+            result["routed_experts_max_diff"] = routed_on_mesh()
         print(json.dumps(result), flush=True)
         jnp.zeros(1).block_until_ready()
 

@@ -144,6 +144,21 @@ def test_traits_read_off_the_configs(tmp_path):
     assert moe.model.layers.expert_gate[...].shape == (6, 4, 64, 32)
 
 
+def test_routed_experts_equal_dense_experts():
+    """The MoE's TPU path (`routed_experts`: the (token, expert) pairs sorted by expert, grouped matmuls) on one
+    device against every expert computed and the unchosen weighted 0 (`dense_experts`, checked against
+    transformers in test_family_matches_transformers_in_both_config_spellings), on random weights: the same
+    routing arithmetic, to float32 rounding. Its mesh form: test_sharding.py."""
+    from mesh_check import random_moe
+
+    from dcsjax.nn.decoder import dense_experts, routed_experts
+
+    config, weights, x = random_moe()
+    routed, dense = routed_experts(config, weights, x), dense_experts(config, weights, x)
+    assert float(np.abs(np.asarray(routed) - np.asarray(dense)).max()) < 1e-5
+    assert float(np.abs(np.asarray(dense)).mean()) > 0.1  # the experts' output is not trivially small
+
+
 @pytest.mark.slow
 def test_bfloat16_checkpoint_loads(tmp_path):
     import torch

@@ -190,3 +190,28 @@ def test_long_rows_compile_for_tpu_through_the_splash_kernel(slice_2x2):
     kernel = r["attention_kernel"]
     assert kernel["name"] == "splash" and kernel["flops"] == 4 * 512 * 512 * 128 * (8 // 2) * 1 * 3
     assert r["compiled_over_model"] == pytest.approx(1.0, abs=0.1), r
+
+
+def test_moe_experts_are_routed_on_tpu_each_device_its_own(slice_2x2):
+    """Qwen3-30B-A3B's published config, one layer, on v5e:2x2: the TPU branch of the MoE runs grouped matmuls
+    (`ragged-dot`) on each model device's own experts; no expert weight is gathered (left to XLA's partitioner
+    every layer gathered all 128 experts onto every device), and the compiled FLOPs are near the routed model's
+    (dense experts would count E / k = 16 times the routed expert FLOPs). XLA counts every (token, expert) pair
+    row of a device's grouped matmuls, its own or not: on 2 model devices that is up to 2x the experts' share."""
+    import re
+
+    c, _ = load_config("qwen3-30b-a3b")
+    c = dataclasses.replace(c, num_layers=1, layer_is_local=c.layer_is_local[:1], layer_uses_rope=c.layer_uses_rope[:1],
+                            vocab_size=16384)
+    mesh, chip = slice_2x2
+    graphdef, state = plan.abstract_model(c, mesh)
+    compiled = _batch_logprobs.lower(graphdef, c.vocab_size, mesh, state,
+                                     *(plan.row_shapes((4, 512), mesh) for _ in range(5))).compile()
+    text = compiled.as_text()
+    assert "ragged-dot" in text
+    gathered = [tuple(map(int, s.split(","))) for s in re.findall(r"= \w+\[([\d,]+)\][^=]*? all-gather(?:-start)?\(", text)]
+    expert_size = c.hidden_size * c.expert_mlp_size
+    assert all(np.prod(s) < expert_size for s in gathered), gathered  # the router's [D, E] is; no expert is
+    flops = plan.cost_of(compiled)["flops"]  # one layer, one vocabulary chunk: no loop counted short
+    model = c.flops_per_token(mean_context=(512 + 1) / 2) * 4 * 512 / mesh.size
+    assert 0.9 < flops / model < 2, flops / model

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dcsjax
-from conftest import reference_for, scorer_for
+from conftest import F32_NATS, scorer_for
 from dcsjax.data.items import Item
 from dcsjax.eval.protocols.dcs import run_dcs_letters
 from dcsjax.training.data import SPLITS, abstention_splits, abstention_versions, question_key, split_of
@@ -156,9 +156,9 @@ def test_export_reads_back_in_dcsjax_and_transformers(name, tmp_path):
     with torch.no_grad():
         logits = theirs(torch.tensor([ids])).logits[0]
         want = torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0].numpy()
-        gguf = torch.log_softmax(reference_for(name)(torch.tensor([ids])).logits[0], -1)[:-1]
-    np.testing.assert_allclose(want, gguf.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].numpy(), atol=1e-4)
-    np.testing.assert_allclose(scorer.token_logprobs(texts[:1])[0], want, atol=2e-3)
+    # transformers on the exported folder against dcsjax on the GGUF (itself within F32_NATS of transformers on
+    # the GGUF: test_parity.py): 9e-6 (SmolLM2) and 5e-5 (Gemma) nats here
+    np.testing.assert_allclose(scorer.token_logprobs(texts[:1])[0], want, atol=F32_NATS)
 
 
 @pytest.mark.slow

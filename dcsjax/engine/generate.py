@@ -77,7 +77,7 @@ def _decode(graphdef, state, tokens, lengths, keys, max_new: int, temperature: f
         i, token, position, cache_k, cache_v, emitted, done = carry
         emitted = emitted.at[:, i].set(token)
         done = done | jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
-        h, cache_k, cache_v = model.decode_step(token, position, cache_k, cache_v)
+        h, cache_k, cache_v = model.decode_step(token, position, cache_k, cache_v, mesh=mesh)
         cache_k, cache_v = (constrain(x, CACHE_AXES, mesh) for x in (cache_k, cache_v))
         return i + 1, next_token(h, i + 1), position + 1, cache_k, cache_v, emitted, done
 

@@ -318,8 +318,8 @@ def plan_decode(config: DecoderConfig, mesh, chip: Chip, rows: int = 64, cached:
         g, s = abstract_model(c, mesh, dtype)
         shape = (c.num_layers, rows, slots, c.num_kv_heads, c.head_dim)
         cache = jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, partition_spec(CACHE_AXES, shape, mesh)))
-        return timed_compile(unrolled_jit(_decode_step, static_argnums=(0,), donate_argnums=(4, 5)), g, s, row_shapes((rows,), mesh),
-                              row_shapes((rows,), mesh), cache, cache)[0]
+        return timed_compile(unrolled_jit(_decode_step, static_argnums=(0, 1), donate_argnums=(5, 6)), g, mesh, s,
+                             row_shapes((rows,), mesh), row_shapes((rows,), mesh), cache, cache)[0]
 
     cost = scaled_cost(config, step_program)
     model_flops = config.flops_per_token(mean_context=cached + new_tokens / 2) * rows / mesh.size
@@ -330,11 +330,11 @@ def plan_decode(config: DecoderConfig, mesh, chip: Chip, rows: int = 64, cached:
             "compile_s": round(seconds, 1)}
 
 
-def _decode_step(graphdef, state, tokens, positions, cache_k, cache_v):
+def _decode_step(graphdef, mesh, state, tokens, positions, cache_k, cache_v):
     """One step of `_decode`'s loop: `Decoder.decode_step`, then the output head (greedy). The cache is
     donated, as the loop's carry is updated in place."""
     model = nnx.merge(graphdef, state)
-    hidden, cache_k, cache_v = model.decode_step(tokens, positions, cache_k, cache_v)
+    hidden, cache_k, cache_v = model.decode_step(tokens, positions, cache_k, cache_v, mesh=mesh)
     return jnp.argmax(model.logits(hidden), axis=-1), cache_k, cache_v
 
 

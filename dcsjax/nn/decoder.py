@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from dcsjax.nn.attention import (NO_WINDOW, LongRow, MaskParts, cached_attention, dense_attention, softcap, takes_blockwise,
                                   tiled_attention, visible)
@@ -149,13 +150,13 @@ class Decoder(nnx.Module):
         x, _ = run_blocks(c, params, layer_flags(c, 0, num_layers), self.embed_tokens(tokens), positions, segment_ids)
         return x
 
-    def decode_step(self, tokens: jax.Array, positions: jax.Array, cache_k: jax.Array, cache_v: jax.Array):
+    def decode_step(self, tokens: jax.Array, positions: jax.Array, cache_k: jax.Array, cache_v: jax.Array, mesh=None):
         """One new token per row with a KV cache: tokens, positions [B] (a row's next position is also the
         cache slot it writes); cache_k, cache_v [L, B, S, N, K] -> (hidden [B, D], cache_k, cache_v).
         Each layer reads its cache slice (scanned in, never carried) and attends over the slots before the row's
         position plus its own new key, so a right-padded prefill's padding is never seen; the new keys and
         values of all layers are written into their slots once, after the scan (one scatter, in place in the
-        decoding loop's carry)."""
+        decoding loop's carry). mesh: the mesh the program runs on (the MoE's routed experts split over it)."""
         c = self.config
         x = self.embed_tokens(tokens[:, None])  # [B, 1, D]
         slots = jnp.arange(cache_k.shape[2])[None, :]  # [1, S]: slot s holds position s
@@ -170,7 +171,7 @@ class Decoder(nnx.Module):
         def block(x, layer):
             p, flags, k_cache, v_cache = layer
             return decoder_block(c, p, x, ropes.pick(flags), jnp.where(flags.local, local, glob),
-                                 cache=(k_cache, v_cache))
+                                 cache=(k_cache, v_cache), mesh=mesh)
 
         x, (new_k, new_v) = loops.scan(block, x, (self.layers.arrays(), layer_flags(c), cache_k, cache_v))
         rows = jnp.arange(tokens.shape[0])
@@ -189,7 +190,7 @@ def run_blocks(c: DecoderConfig, params: dict[str, jax.Array], flags: "LayerFlag
 
     def block(x, layer):
         p, layer_flags = layer
-        x, kv = decoder_block(c, p, x, ropes.pick(layer_flags), masks.pick(layer_flags))
+        x, kv = decoder_block(c, p, x, ropes.pick(layer_flags), masks.pick(layer_flags), mesh=mesh)
         return x, (kv if return_kv else None)
 
     if remat:
@@ -437,9 +438,9 @@ def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Arr
     return dense("bthk,hkd->btd", out, p["o"]), (k, v)
 
 
-def mlp(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
+def mlp(c: DecoderConfig, p: dict, x: jax.Array, mesh=None) -> jax.Array:
     if c.num_experts:
-        return experts(c, p, x)
+        return experts(c, p, x, mesh)
     if not c.gated_mlp:  # Falcon: down(gelu(up(x)))
         return dense("btf,fd->btd", jax.nn.gelu(dense("btd,df->btf", x, p["up"]), approximate=False), p["down"])
     gate = dense("btd,df->btf", x, p["gate"])
@@ -448,22 +449,38 @@ def mlp(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
     return dense("btf,fd->btd", act * up, p["down"])
 
 
-def experts(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
+def experts(c: DecoderConfig, p: dict, x: jax.Array, mesh=None) -> jax.Array:
     """Routed experts, x [B, T, D] -> [B, T, D]: a softmax router over E experts, the top k of each token
-    weighted by their router mass (renormalised over the k with `norm_topk`). Every expert is computed for
-    every token and the unchosen ones weighted 0: exact for any routing, at E / k times the FLOPs of routed
-    dispatch (a gather-and-scatter kernel is the step for speed). Tokens are routed in chunks of one fixed
-    shape and sums added in a fixed order, so a token's output does not depend on the batch it is in."""
+    weighted by their router mass (renormalised over the k with `norm_topk`). By platform, chosen when the program
+    is lowered (`jax.lax.platform_dependent`, so a TPU topology compiled for on a CPU host gets the TPU branch):
+    `routed_experts` on TPU (the routed FLOPs, each device its own experts), `dense_experts` elsewhere
+    (bit-invariant to the batch)."""
+    return jax.lax.platform_dependent(x, tpu=lambda x: routed_experts(c, p, x, mesh),
+                                      default=lambda x: dense_experts(c, p, x))
+
+
+def route(c: DecoderConfig, p: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """tokens [n, D] -> (weights [n, k] float32, experts [n, k]): each token's top k experts and their weights."""
+    logits = jnp.einsum("td,de->te", tokens, p["router"], preferred_element_type=F32)
+    z = jnp.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs = z / in_order_sum(z)[..., None]
+    top, index = jax.lax.top_k(probs, c.experts_per_token)  # [n, k]
+    if c.norm_topk:
+        top = top / in_order_sum(top)[..., None]
+    return top, index
+
+
+def dense_experts(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
+    """Every expert computed for every token, the unchosen ones weighted 0: exact for any routing, at E / k
+    times the routed FLOPs, and on CPU far faster than grouped matmuls (XLA's CPU `ragged_dot` computes every
+    group for every row and ran 100 times slower than one matmul of the routed FLOPs). Tokens are routed in
+    chunks of one fixed shape and sums added in a fixed order, so a token's output does not depend on the batch
+    it is in."""
     b, t, d = x.shape
     e, fe = c.num_experts, c.expert_mlp_size
 
-    def route(chunk):  # [ROUTE_CHUNK, D] tokens -> [ROUTE_CHUNK, E] expert weights
-        logits = jnp.einsum("td,de->te", chunk, p["router"], preferred_element_type=F32)
-        z = jnp.exp(logits - logits.max(axis=-1, keepdims=True))
-        probs = z / in_order_sum(z)[..., None]
-        top, index = jax.lax.top_k(probs, c.experts_per_token)  # [chunk, k]
-        if c.norm_topk:
-            top = top / in_order_sum(top)[..., None]
+    def weights_of(chunk):  # [ROUTE_CHUNK, D] tokens -> [ROUTE_CHUNK, E] expert weights
+        top, index = route(c, p, chunk)
         return (jax.nn.one_hot(index, e, dtype=F32) * top[..., None]).max(axis=-2)  # one k per expert
 
     # XLA's CPU code rounds the same input differently at some array shapes: elementwise (3.7e-9 on a router
@@ -473,12 +490,58 @@ def experts(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
     # batch it shares
     n = b * t
     tokens = jnp.pad(x.reshape(n, d), ((0, -n % ROUTE_CHUNK), (0, 0)))  # a decode step routes B tokens
-    weights = loops.map(route, tokens.reshape(-1, ROUTE_CHUNK, d)).reshape(-1, e)[:n].reshape(b, t, e)
+    weights = loops.map(weights_of, tokens.reshape(-1, ROUTE_CHUNK, d)).reshape(-1, e)[:n].reshape(b, t, e)
     gate = dense("btd,df->btf", x, p["expert_gate"].transpose(1, 0, 2).reshape(d, e * fe)).reshape(b, t, e, fe)
     up = dense("btd,df->btf", x, p["expert_up"].transpose(1, 0, 2).reshape(d, e * fe)).reshape(b, t, e, fe)
     act = (jax.nn.silu(gate) * up).astype(F32) * weights[..., None]  # [B, T, E, Fe]
     # one plain matmul over (expert, width), as the dense MLP's down projection
     return dense("btf,fd->btd", act.reshape(b, t, e * fe), p["expert_down"].astype(F32).reshape(e * fe, d)).astype(x.dtype)
+
+
+def routed_experts(c: DecoderConfig, p: dict, x: jax.Array, mesh=None) -> jax.Array:
+    """Each token through its k experts only (the TPU path), x [B, T, D] -> [B, T, D]. On a mesh whose model axis
+    divides the experts, each device runs its own experts (the rules table splits them over `model`) on the
+    pairs routed to them, under `shard_map`, and the devices' sums are added (`psum`): the expert weights are
+    never gathered (left to XLA's partitioner, every layer gathered all of them onto every device and computed
+    every pair there). Equal to `dense_experts` to float32 rounding, not bit for bit, and not bit-invariant to
+    the batch (a group's rows depend on what else is routed to it)."""
+    weights = {name: p[name] for name in ("router", "expert_gate", "expert_up", "expert_down")}
+    m = mesh.shape["model"] if mesh is not None else 1
+    if m == 1 or c.num_experts % m:
+        return _routed(c, weights, x, None)
+    rows = "data" if x.shape[0] % mesh.shape["data"] == 0 else None
+    experts_split = {name: P() if name == "router" else P("model") for name in weights}
+    return jax.shard_map(lambda w, x: _routed(c, w, x, "model"), mesh=mesh, check_vma=False,
+                         in_specs=(experts_split, P(rows)), out_specs=P(rows))(weights, x)
+
+
+def _routed(c: DecoderConfig, w: dict, x: jax.Array, axis: str | None) -> jax.Array:
+    """`routed_experts` on one device, whose experts are w's (all E, or this device's E / m along `axis`): the
+    (token, expert) pairs sorted by expert, its own first and the rest after, each projection one grouped matmul
+    (`jax.lax.ragged_dot`, which XLA compiles natively for TPU; rows past the groups come out 0), weighted, and
+    added back per token."""
+    b, t, d = x.shape
+    k, own = c.experts_per_token, w["expert_gate"].shape[0]
+    tokens = x.reshape(-1, d)  # [N, D]
+    top, index = route(c, w, tokens)  # [N, k]
+    group = index.reshape(-1) - (jax.lax.axis_index(axis) * own if axis else 0)  # [N k]: the pair's local expert
+    mine = (group >= 0) & (group < own)
+    group = jnp.where(mine, group, own)  # another device's expert: after this device's own
+    pairs = jnp.argsort(group, stable=True)  # [N k], grouped by expert
+    owner = pairs // k  # each pair's token
+    sizes = jnp.bincount(group, length=own + 1)[:own].astype(jnp.int32)  # [E own]
+
+    def grouped(rows, weight):  # rows [N k, in] by expert, weight [E own, in, out] -> [N k, out] float32
+        return jax.lax.ragged_dot(rows, weight, sizes, preferred_element_type=F32)
+
+    rows = tokens[owner]
+    act = jax.nn.silu(grouped(rows, w["expert_gate"]).astype(x.dtype)) * grouped(rows, w["expert_up"]).astype(x.dtype)
+    act = act.astype(F32) * jnp.where(mine, top.reshape(-1), 0.0)[pairs][:, None]  # [N k, Fe], weighted
+    down = grouped(act.astype(x.dtype), w["expert_down"])  # [N k, D]
+    out = jnp.zeros(tokens.shape, F32).at[owner].add(down)
+    if axis:
+        out = jax.lax.psum(out, axis)
+    return out.astype(x.dtype).reshape(b, t, d)
 
 
 def in_order_sum(x: jax.Array) -> jax.Array:
@@ -490,18 +553,19 @@ def in_order_sum(x: jax.Array) -> jax.Array:
     return total
 
 
-def decoder_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, cache=None, context=None):
+def decoder_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, cache=None, context=None,
+                  mesh=None):
     """-> (x [B, T, D], this layer's (keys, values)). Norms before each part ("pre"), before and after
     ("pre+post"), after only ("post"), or one before both ("shared"); the parts one after the other, or side by
-    side (`parallel_block`, Falcon)."""
+    side (`parallel_block`, Falcon). mesh: the program's (None: one device), for the MoE's routed experts."""
     def norm(y, w):
         return block_norm(c, p, y, w)
 
     h, kv = attention(c, p, norm(x, "attn_norm"), rope, mask, cache, context)
     if c.parallel_block:
-        return x + (mlp(c, p, norm(x, "mlp_norm" if "mlp_norm" in p else "attn_norm")) + h), kv
+        return x + (mlp(c, p, norm(x, "mlp_norm" if "mlp_norm" in p else "attn_norm"), mesh) + h), kv
     x = x + norm(h, "post_attn_norm")
-    h = mlp(c, p, norm(x, "mlp_norm"))
+    h = mlp(c, p, norm(x, "mlp_norm"), mesh)
     return x + norm(h, "post_mlp_norm"), kv
 
 
