@@ -110,7 +110,7 @@ def profile(model: str, dtype: str, n: int, batch_size: int, repeats: int, with_
     import dcsjax
     from dcsjax.engine.logprobs import token_logprobs_and_greedy
     from dcsjax.engine.packing import Group, make_batch
-    from dcsjax.engine.scorer import _batch_logprobs
+    from dcsjax.engine.batches import _batch_logprobs
 
     scorer = dcsjax.load(model, dtype=dtype)
     scorer = scorer.replace(batch_size=batch_size)

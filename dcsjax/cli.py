@@ -220,7 +220,7 @@ _seed = _whole(0, "seed values (numpy's generators take no negative seed)")
 
 
 def _batch_rows(text: str) -> int | str:
-    """--batch-size: rows, or "auto" (the most the device's free memory holds, `engine.scorer.auto_batch_size`)."""
+    """--batch-size: rows, or "auto" (the most the device's free memory holds, `engine.batches.auto_batch_size`)."""
     if text == "auto":
         return text
     try:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dcsjax
-from dcsjax.engine.scorer import _batch_logprobs
+from dcsjax.engine.batches import _batch_logprobs
 from dcsjax.nn.sharding import batch_sharding
 
 TEXTS = [f"Statement {i}: " + " ".join(["the sharded model scores this text"] * (1 + i % 7)) for i in range(24)]
@@ -95,16 +95,17 @@ def routed_on_mesh() -> float:
 
 def splash_on_mesh() -> dict:
     """The TPU long-row kernel (splash, in interpret mode) under shard_map on a 2x4 mesh against the dense path on
-    one device: rows over data, KV heads over model where 4 divides them (4 heads), all heads on every model
-    device where it does not (2 heads)."""
+    one device, rows over data and by heads: 4 KV heads over model; 2 KV heads of 4 queries (8 query heads, 2 a
+    device, each device's within one KV head); 2 KV heads of 3 queries (6 query heads: neither divides, every
+    device computes all)."""
     from dcsjax.nn.attention import MaskParts, dense_attention, splash_attention
     from dcsjax.nn.sharding import make_mesh
 
     mesh = make_mesh("2x4")
     rng = np.random.default_rng(2)
     out = {}
-    for n in (4, 2):
-        b, t, g, k = 2, 256, 2, 16
+    for n, g in ((4, 2), (2, 4), (2, 3)):
+        b, t, k = 2, 256, 16
         seg = jnp.asarray((np.arange(t)[None, :] < np.array([[256], [200]])).astype(np.int32))
         pos = jnp.asarray(np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)))
         parts = MaskParts(seg, seg, jnp.zeros_like(seg), pos, pos)
@@ -113,7 +114,7 @@ def splash_on_mesh() -> dict:
         dense = dense_attention(q, keys, values, parts.dense(), 0.25, None)
         sharded = jax.jit(lambda q, k, v: splash_attention(q, k, v, parts, 0.25, None, mesh=mesh, interpret=True,
                                                            block=128))(q, keys, values)
-        out[f"{n}_kv_heads_max_diff"] = float(jnp.abs(sharded - dense)[np.asarray(seg) > 0].max())
+        out[f"{n}x{g}_heads_max_diff"] = float(jnp.abs(sharded - dense)[np.asarray(seg) > 0].max())
     return out
 
 

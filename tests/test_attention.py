@@ -106,7 +106,7 @@ def test_a_long_row_scores_the_same_alone_and_in_a_batch(smollm2):
 def test_a_32k_token_gemma_row_needs_under_2_gib_beyond_its_weights(gemma3):
     """XLA's own memory analysis of the scorer's compiled step for one 32,768-token row (the dense path
     would hold 17 GB of attention scores alone)."""
-    from dcsjax.engine.scorer import _batch_logprobs
+    from dcsjax.engine.batches import _batch_logprobs
 
     row = jax.ShapeDtypeStruct((1, 32768), jnp.int32)
     compiled = _batch_logprobs.lower(gemma3.graphdef, gemma3.vocab_chunk, None, gemma3.state,
@@ -142,7 +142,7 @@ def test_long_rows_on_splash_score_shared_questions_as_whole_sequences(tiny, mon
     fills a long row one whole sequence per option; the options' scores are those of the shared row on the
     default kernel (here blockwise), to float32 rounding. The decoder with splash in interpret mode, end to end."""
     from conftest import PASSAGE
-    from dcsjax.engine import scorer as scoring
+    from dcsjax.engine import batches
     from dcsjax.nn import attention
 
     traced = []
@@ -150,7 +150,7 @@ def test_long_rows_on_splash_score_shared_questions_as_whole_sequences(tiny, mon
     scorer = tiny.replace(continuation_cache=None)
     context = scorer.tokenizer.decode(scorer.encode([PASSAGE])[0][:1100])
     options = [[" The end.", " Nothing more to say here.", " And so it goes"]]
-    kernels = (scoring._batch_logprobs, scoring._batch_logprobs_greedy)
+    kernels = (batches._batch_logprobs, batches._batch_logprobs_greedy)
     try:
         shared = scorer.option_logprobs([context], options)[0]
         for kernel in kernels:  # the long-row kernel is chosen at trace time

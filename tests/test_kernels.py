@@ -7,7 +7,7 @@ import pytest
 
 from conftest import PASSAGE
 from dcsjax.engine.logprobs import reduce_logprobs, token_logprobs
-from dcsjax.engine.scorer import _batch_logprobs
+from dcsjax.engine.batches import _batch_logprobs
 
 
 def float64_logprobs(hidden: np.ndarray, out_embed: np.ndarray, targets: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ import pytest
 
 from dcsjax.engine import plan
 from dcsjax.engine.load import load_config
-from dcsjax.engine.scorer import _batch_logprobs
+from dcsjax.engine.batches import _batch_logprobs
 
 pytestmark = pytest.mark.slow
 

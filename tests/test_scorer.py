@@ -134,7 +134,7 @@ def test_auto_batch_size_is_the_most_rows_the_free_memory_holds(tiny):
     engine's kernel) fits in 3/4 of the free memory given, the next multiple not; capped; at least one row."""
     import jax
 
-    from dcsjax.engine.scorer import AUTO_BUCKET, AUTO_HEADROOM, AUTO_ROWS, _batch_logprobs, auto_batch_size
+    from dcsjax.engine.batches import AUTO_BUCKET, AUTO_HEADROOM, AUTO_ROWS, _batch_logprobs, auto_batch_size
 
     def used(rows):
         spec = jax.ShapeDtypeStruct((rows, AUTO_BUCKET), np.int32)

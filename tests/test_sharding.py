@@ -82,10 +82,11 @@ def test_eval_on_a_mesh_matches_one_device(mesh_results):
 
 @pytest.mark.slow
 def test_splash_under_shard_map_equals_the_dense_path(mesh_results):
-    """The TPU long-row kernel on a 2x4 mesh (interpret mode): KV heads split over model, and all of them on
-    every model device where the axis does not divide them."""
+    """The TPU long-row kernel on a 2x4 mesh (interpret mode): KV heads split over model (4 of them); query heads
+    split, each device slicing its KV head (2 KV heads of 4 queries, as Llama-3.1-70B's 8 of 8 on 16 devices);
+    all heads on every device where neither divides (2 KV heads of 3 queries)."""
     r = mesh_results["smollm2-135m-instruct"]["splash"]
-    assert r["4_kv_heads_max_diff"] < 1e-5 and r["2_kv_heads_max_diff"] < 1e-5, r
+    assert max(r.values()) < 1e-5 and len(r) == 3, r
 
 
 @pytest.mark.slow

@@ -87,8 +87,8 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", document_st
         del scorer_options["batch_size"]
     scorer = Scorer(model, tokenizer, start, name=name, card=card, progress=progress, mesh=mesh,
                     model_fingerprint=fingerprint, variant=variant, **scorer_options)
-    if auto:  # the most rows the device's free memory holds (`scorer.auto_batch_size`)
-        from dcsjax.engine.scorer import auto_batch_size
+    if auto:  # the most rows the device's free memory holds (`batches.auto_batch_size`)
+        from dcsjax.engine.batches import auto_batch_size
 
         scorer = scorer.replace(batch_size=auto_batch_size(scorer))
     return scorer

@@ -4,7 +4,7 @@ weights read), with the memory XLA allocates per chip and XLA's TPU cost model.
 libtpu (the `tpu` extra) compiles for a named topology (`v5e:2x4`, ...) through
 `jax.experimental.topologies`; the model's parameters are `jax.eval_shape` shapes, placed on the topology's
 (data, model) mesh by the engine's sharding rules. What is compiled is the engine's code, not a copy:
-- scoring: `engine.scorer._batch_logprobs`, the packed scoring step (decoder, then the vocabulary-chunked
+- scoring: `engine.batches._batch_logprobs`, the packed scoring step (decoder, then the vocabulary-chunked
   log-prob kernel), for `rows` x `length` token rows;
 - decoding: `engine.generate._decode` (prefill, then the KV-cache loop of `Decoder.decode_step`).
 
@@ -39,7 +39,7 @@ from jax.sharding import PartitionSpec as P
 
 from dcsjax.errors import ConfigError
 from dcsjax.nn import loops
-from dcsjax.nn.attention import SPLASH_BLOCK, long_row_kernel, takes_blockwise
+from dcsjax.nn.attention import SPLASH_BLOCK, long_row_kernel, splash_head_split, takes_blockwise
 from dcsjax.nn.config import DecoderConfig
 from dcsjax.nn.decoder import Decoder
 from dcsjax.nn.sharding import CACHE_AXES, MESH_AXES, partition_spec
@@ -221,7 +221,7 @@ def plan_scoring(config: DecoderConfig, mesh, chip: Chip, rows: int = 8, length:
     """The packed scoring step of `rows` x `length` fully packed rows: memory per chip (and the most rows of
     that length that fit, from the temporaries' growth between `rows` and 2 x `rows`), FLOPs per chip against
     the model's for those tokens, and XLA's estimated step time."""
-    from dcsjax.engine.scorer import _batch_logprobs
+    from dcsjax.engine.batches import _batch_logprobs
 
     data = mesh.shape["data"]
     if rows % data:
@@ -277,7 +277,9 @@ def splash_cost(config: DecoderConfig, mesh, chip: Chip, rows: int, length: int)
         return None
     b = min(SPLASH_BLOCK, length)
     m = mesh.shape["model"]
-    heads = config.num_heads // m if config.num_kv_heads % m == 0 else config.num_heads  # as its shard_map splits
+    group = config.num_heads // config.num_kv_heads
+    split = splash_head_split(config.num_kv_heads, group, m)  # as its shard_map splits them
+    heads = config.num_heads // m if split else config.num_heads
     tiles = sum(splash_tiles(length, config.sliding_window if local else None, b) for local in config.local_layers)
     flops = 4 * b * b * config.head_dim * heads * (rows // mesh.shape["data"]) * tiles
     return {"name": "splash", "flops": float(flops), "seconds_at_peak": flops / chip.bf16_flops,

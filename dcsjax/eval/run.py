@@ -147,7 +147,7 @@ class EvalConfig:
     output: Path
     limit: int | None = None
     threshold: float | None = None
-    batch_size: int | str = 16  # or "auto" (`engine.scorer.auto_batch_size`)
+    batch_size: int | str = 16  # or "auto" (`engine.batches.auto_batch_size`)
     dtype: str = "float32"
     mesh: object = None
     statements: Path | None = None

@@ -35,6 +35,7 @@ makes there (`shares_prefixes`). Checked in interpret mode on CPU; compiled for 
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple
 
@@ -72,7 +73,7 @@ def long_row_kernel(mesh=None) -> str:
 
 def shares_prefixes(kernel: str) -> bool:
     """Whether the kernel takes a row whose suffixes attend to a shared prefix (`MaskParts.attend_to`). Splash
-    masks by segment equality only, so on it the scorer gives a long row one sequence (`Scorer._run_groups`)."""
+    masks by segment equality only, so on it the scorer gives a long row one sequence (`BatchEngine.run_groups`)."""
     return kernel != "splash"
 
 
@@ -339,6 +340,15 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts,
 SPLASH_BLOCK = 512  # queries and keys per tile of the splash kernel (a multiple of 128; long rows are of 512)
 
 
+def splash_head_split(kv_heads: int, group: int, model_devices: int) -> str | None:
+    """How splash's heads go over a model axis: "kv" (the KV heads divide), "query" (the query heads divide and
+    each device's fall within one KV head), or None (every model device computes every head)."""
+    per = kv_heads * group // model_devices
+    if kv_heads % model_devices == 0:
+        return "kv"
+    return "query" if (kv_heads * group) % model_devices == 0 and group % per == 0 else None
+
+
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts, scale: float, cap: float | None,
                      sliding_window: int | None = None, mesh=None, interpret: bool = False,
                      block: int = SPLASH_BLOCK) -> jax.Array:
@@ -352,7 +362,8 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts,
     (`shares_prefixes`); a shared question's suffixes (`attend_to`) are not expressible and must not reach it.
     A layer's window is traced (the layer scan's flags), so a model with local layers compiles both masks and
     `lax.cond` picks one. On a mesh the kernel runs under `shard_map`: rows over `data`, KV heads over `model`
-    where that axis divides them (else every model device computes all heads of its rows). Queries are scaled
+    where that axis divides them, else query heads where each device's fall within one KV head, else every
+    model device computes all heads of its rows. Queries are scaled
     before the kernel (it takes no scale), in their own dtype; its sums are float32, its output q's dtype."""
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
@@ -364,32 +375,50 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts,
     sizes = splash.BlockSizes(block_q=bq, block_kv=bk, block_kv_compute=bk, block_q_dkv=bq, block_kv_dkv=bk,
                               block_kv_dkv_compute=bk, block_q_dq=bq, block_kv_dq=bk)
 
-    def kernel(window: int | None):  # one KV head's G query heads: q [G, T, K], k, v [S, K]
+    @functools.cache
+    def kernel(window: int | None, heads: int):  # one KV head's query heads: q [heads, T, K], k, v [S, K]
         head = splash.CausalMask((t, s)) if window is None else splash.LocalMask((t, s), (window - 1, 0), 0)
-        return splash.make_splash_mqa_single_device(splash.MultiHeadMask([head] * g), block_sizes=sizes,
+        return splash.make_splash_mqa_single_device(splash.MultiHeadMask([head] * heads), block_sizes=sizes,
                                                     attn_logits_soft_cap=cap, interpret=interpret)
 
-    kernels = [kernel(None)] + ([kernel(sliding_window)] if sliding_window and sliding_window < NO_WINDOW else [])
+    local_layers = bool(sliding_window and sliding_window < NO_WINDOW)
 
-    def local(q, k, v, segments, window):  # one device's rows and heads
-        heads = (q * jnp.asarray(scale, q.dtype)).transpose(0, 2, 3, 1, 4)  # [b, n, G, T, K]
+    def local(q, k, v, segments, window):  # one device's rows and heads: q [b, T, n, G', K], k, v [b, S, n, K]
+        heads = (q * jnp.asarray(scale, q.dtype)).transpose(0, 2, 3, 1, 4)  # [b, n, G', T, K]
         keys, values = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [b, n, S, K]
         ids = splash.SegmentIds(segments, segments)  # [b, T] each
 
-        def run(kern):
-            per_head = jax.vmap(kern, in_axes=(0, 0, 0, None))  # KV heads of a row share its segments
-            return jax.vmap(per_head, in_axes=(0, 0, 0, 0))(heads, keys, values, ids)  # [b, n, G, T, K]
+        def run(w):
+            per_head = jax.vmap(kernel(w, q.shape[3]), in_axes=(0, 0, 0, None))  # a row's KV heads share its segments
+            return jax.vmap(per_head, in_axes=(0, 0, 0, 0))(heads, keys, values, ids)  # [b, n, G', T, K]
 
-        out = run(kernels[0]) if len(kernels) == 1 else jax.lax.cond(window < NO_WINDOW, lambda: run(kernels[1]),
-                                                                      lambda: run(kernels[0]))
+        out = jax.lax.cond(window < NO_WINDOW, lambda: run(sliding_window), lambda: run(None)) if local_layers \
+            else run(None)
         return out.transpose(0, 3, 1, 2, 4).astype(F32)
 
     window = jnp.asarray(parts.window, jnp.int32)
     if mesh is None:
         return local(q, k, v, parts.q_segment, window)
-
     rows = "data" if b % mesh.shape["data"] == 0 else None
-    heads = "model" if n % mesh.shape["model"] == 0 else None
-    return jax.shard_map(local, mesh=mesh, check_vma=False,
-                         in_specs=(P(rows, None, heads), P(rows, None, heads), P(rows, None, heads), P(rows), P()),
-                         out_specs=P(rows, None, heads))(q, k, v, parts.q_segment, window)
+    m = mesh.shape["model"]
+    split = splash_head_split(n, g, m)
+    if split == "kv":  # KV heads (and their queries) over model
+        heads = P(rows, None, "model")
+        return jax.shard_map(local, mesh=mesh, check_vma=False, in_specs=(heads, heads, heads, P(rows), P()),
+                             out_specs=heads)(q, k, v, parts.q_segment, window)
+    if split == "query":
+        per = n * g // m
+        # query heads over model, each device's within one KV head (Llama-3.1-70B's 64 query and 8 KV heads on
+        # 16 devices: 4 query heads a device, one KV head per two devices), which it slices from the whole keys
+        def own_kv_head(q, k, v, segments, window):  # q [b, T, per, K]; k, v [b, S, N, K]
+            first = jax.lax.axis_index("model") * per // g
+            pick = lambda a: jax.lax.dynamic_slice_in_dim(a, first, 1, axis=2)  # noqa: E731
+            return local(q[:, :, None], pick(k), pick(v), segments, window)[:, :, 0]
+
+        heads = P(rows, None, "model")
+        out = jax.shard_map(own_kv_head, mesh=mesh, check_vma=False, in_specs=(heads, P(rows), P(rows), P(rows), P()),
+                            out_specs=heads)(q.reshape(b, t, n * g, kd), k, v, parts.q_segment, window)
+        return out.reshape(b, t, n, g, kd)
+    # neither divides: every model device computes every head of its rows
+    return jax.shard_map(local, mesh=mesh, check_vma=False, in_specs=(P(rows),) * 4 + (P(),),
+                         out_specs=P(rows))(q, k, v, parts.q_segment, window)
