@@ -148,7 +148,7 @@ def main(names):
             # 8x1: it did not lower that 11.8 GB peak, which one mesh makes alone)
             gc.collect()
         result["vocab"] = vocab
-        if name == names[0] and not options:
+        if argument == names[0] and not options:
             result["eval"] = eval_on_mesh(name)
             result["splash"] = splash_on_mesh()
             result["routed_experts_max_diff"] = routed_on_mesh()
