@@ -69,11 +69,11 @@ def test_lm_eval_backends_script_quick(tmp_path):
 
 
 def test_generation_script_quick(tmp_path):
-    result = run(["bench/generation.py", "--prompts", "4", "--batch", "4", "--workloads", "apx,statements",
+    # the statements workload only: the apx workload's greedy tokens against transformers' generate are what
+    # test_apx.py checks on both models, and both workloads run the same decoding loop in both engines
+    result = run(["bench/generation.py", "--prompts", "4", "--batch", "4", "--workloads", "statements",
                   "--max-new", "8"], tmp_path)
-    apx, statements = result["rows"]
-    assert apx["workload"] == "apx" and apx["dcsjax_tokens_per_s"] > 0 and apx["peer_tokens_per_s"] > 0
-    assert apx["same_tokens"] == "4/4"  # greedy: the same tokens as transformers' generate
+    (statements,) = result["rows"]
     # statement generation: A.1's sampling in both engines, every row decoding its whole (capped) budget
     assert (statements["workload"], statements["temperature"], statements["top_p"]) == ("statements", 0.7, 0.95)
     assert statements["same_tokens"] == "sampled" and statements["new_tokens"] == 8

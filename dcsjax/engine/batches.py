@@ -86,7 +86,7 @@ def auto_batch_size(scorer, free_bytes: int | None = None) -> int:
 
 
 def _cut_back(groups: list[Group], origin: list[tuple[int, int | None]], ran: list) -> list:
-    """`Scorer._run_groups`' parts of groups that were run as whole sequences, one per suffix (`origin`), cut
+    """`BatchEngine.run_groups`' parts of groups that were run as whole sequences, one per suffix (`origin`), cut
     back into the groups' (prefix, suffixes) shape: a whole sequence's scores are its prefix's n - 1 (the
     first token conditions), the prediction of the suffix's first token (the context's last, which a group's
     suffix restarts with and does not score), then the suffix's."""

@@ -288,11 +288,15 @@ def splash_cost(config: DecoderConfig, mesh, chip: Chip, rows: int, length: int)
 
 def with_kernel(cost: dict, kernel: dict | None, layers: int) -> dict:
     """XLA's cost with the attention kernel's FLOPs and seconds added (to the whole and, a layer's share, to
-    `per_layer`)."""
+    `per_layer`). Seconds XLA gave no estimate for (not positive) stay as they are: no estimate."""
     if kernel is None:
         return cost
-    add = lambda c, n: {**c, "flops": c["flops"] + kernel["flops"] / n,  # noqa: E731
-                        "optimal_seconds": c["optimal_seconds"] + kernel["seconds_at_peak"] / n}
+
+    def add(c: dict, n: int) -> dict:
+        seconds = c["optimal_seconds"]
+        return {**c, "flops": c["flops"] + kernel["flops"] / n,
+                "optimal_seconds": seconds + kernel["seconds_at_peak"] / n if seconds > 0 else seconds}
+
     out = add(cost, 1)
     if "per_layer" in cost:
         out["per_layer"] = add(cost["per_layer"], layers)

@@ -363,8 +363,8 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts,
     A layer's window is traced (the layer scan's flags), so a model with local layers compiles both masks and
     `lax.cond` picks one. On a mesh the kernel runs under `shard_map`: rows over `data`, KV heads over `model`
     where that axis divides them, else query heads where each device's fall within one KV head, else every
-    model device computes all heads of its rows. Queries are scaled
-    before the kernel (it takes no scale), in their own dtype; its sums are float32, its output q's dtype."""
+    model device computes all heads of its rows (`splash_head_split`). Queries are scaled before the kernel (it
+    takes no scale), in their own dtype; its sums are float32, its output q's dtype."""
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     b, t, n, g, kd = q.shape

@@ -413,8 +413,8 @@ def project_kv(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope) -> tuple[jax
 
 def attention(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array | LongRow, cache=None,
               context=None):
-    """-> (output [B, T, D], (keys, values) [B, S, N, K]). mask: [B, T, S] bool (the dense path) or the
-    parts of a long row's mask (the blockwise path; `dcsjax.nn.attention`).
+    """-> (output [B, T, D], (keys, values) [B, S, N, K]). mask: [B, T, S] bool (the dense path) or a long
+    row's (`attention.LongRow`: the tiled kernels; `dcsjax.nn.attention`).
     context (k, v [B, S, N, K]): the keys and values attended to instead of x's own (a readout at one position
     of a row whose keys are already projected). cache (k, v [B, S, N, K]): a decode step, T = 1; the query
     attends over the cache slots its mask [B, 1, S] allows and its own key, and only its own (keys, values)
@@ -473,7 +473,8 @@ def route(c: DecoderConfig, p: dict, tokens: jax.Array) -> tuple[jax.Array, jax.
 def dense_experts(c: DecoderConfig, p: dict, x: jax.Array) -> jax.Array:
     """Every expert computed for every token, the unchosen ones weighted 0: exact for any routing, at E / k
     times the routed FLOPs, and on CPU far faster than grouped matmuls (XLA's CPU `ragged_dot` computes every
-    group for every row and ran 100 times slower than one matmul of the routed FLOPs). Tokens are routed in
+    group for every row: 1.1 s for 4,096 rows of 16 groups, 1,024 x 512, about 100 times what a matmul of the
+    routed FLOPs takes at the host's matmul rate). Tokens are routed in
     chunks of one fixed shape and sums added in a fixed order, so a token's output does not depend on the batch
     it is in."""
     b, t, d = x.shape
