@@ -8,7 +8,8 @@ The run: lm-eval's own arc_easy.yaml (multiple_choice, acc and acc_norm) over IT
 in ARC's schema, plus the kept loglikelihood_rolling and generate_until configs of tests/lm_eval_tasks/.
 Each backend is timed from construction (model load, and for dcsjax its compiles) to lm-eval's results,
 and then again on a second evaluation with the model already loaded (what a sweep over many tasks pays
-per task). Both runs' metrics are printed side by side: equal metrics are part of the result.
+per task). Both runs' metrics are printed side by side, and their per-request log-likelihoods compared
+(the largest gap, and the documents whose argmax option differs): equal results are part of the result.
 Writes bench/results/lm-eval-<time>.json. Needs the test extra (torch, lm-eval).
 """
 
@@ -49,13 +50,30 @@ def arc_task(folder: Path, n_items: int) -> str:
     return "arc_bench"
 
 
-def evaluate(model, tasks: list[str], manager) -> tuple[dict, float]:
+def evaluate(model, tasks: list[str], manager, log_samples: bool = False) -> tuple[dict, float]:
     import lm_eval
 
     start = time.perf_counter()
     with contextlib.chdir(ROOT):  # the kept configs name their data from the repository root
-        result = lm_eval.simple_evaluate(model=model, tasks=tasks, task_manager=manager, batch_size=8, device="cpu")
+        result = lm_eval.simple_evaluate(model=model, tasks=tasks, task_manager=manager, batch_size=8, device="cpu",
+                                         log_samples=log_samples)
     return result, time.perf_counter() - start
+
+
+def agreement(ours: dict, theirs: dict, task: str) -> dict:
+    """Per request of a multiple-choice task: the largest log-likelihood gap between the backends, how many
+    is_greedy flags and argmax choices differ, over how many documents and requests."""
+    a, b = ours["samples"][task], theirs["samples"][task]
+    assert [s["doc_id"] for s in a] == [s["doc_id"] for s in b]
+    gaps, greedy, choices = [], 0, 0
+    for x, y in zip(a, b):
+        mine, ref = [r[0] for r in x["resps"]], [r[0] for r in y["resps"]]
+        gaps += [abs(m[0] - r[0]) for m, r in zip(mine, ref)]
+        greedy += sum(m[1] != r[1] for m, r in zip(mine, ref))
+        argmax = lambda lls: max(range(len(lls)), key=lambda j: lls[j][0])  # noqa: E731
+        choices += argmax(mine) != argmax(ref)
+    return {"documents": len(a), "requests": len(gaps), "largest_gap": max(gaps), "greedy_differs": greedy,
+            "choice_differs": choices, "doc_to_text": ours["configs"][task]["doc_to_text"]}
 
 
 def main() -> None:
@@ -77,7 +95,7 @@ def main() -> None:
     tasks = [arc_task(folder, args.items), *(() if args.arc_only else KEPT_TASKS)]
     manager = TaskManager(include_path=[str(folder), str(ROOT / 'tests' / 'lm_eval_tasks')])
     path = fetch_model(args.model)
-    rows, metrics = [], {}
+    rows, metrics, results = [], {}, {}
     builders = {"dcsjax": lambda: DcsjaxLM(pretrained=args.model),
                 "hf": lambda: HFLM(pretrained=str(path.parent), gguf_file=path.name, dtype="float32", batch_size=8,
                                    device="cpu")}
@@ -85,7 +103,8 @@ def main() -> None:
         start = time.perf_counter()
         model = build()
         loaded = time.perf_counter() - start
-        result, first = evaluate(model, tasks, manager)
+        result, first = evaluate(model, tasks, manager, log_samples=True)
+        results[backend] = result
         _, second = evaluate(model, tasks, manager)
         metrics[backend] = {t: {k: v for k, v in r.items() if "," in k and "stderr" not in k}
                             for t, r in result["results"].items()}
@@ -98,7 +117,8 @@ def main() -> None:
     import torch
 
     record = {"model": args.model, "items": args.items, "tasks": tasks, "rows": rows, "hf_over_dcsjax": ratio,
-              "metrics": metrics, "torch_threads": torch.get_num_threads()}
+              "metrics": metrics, "agreement": agreement(results["dcsjax"], results["hf"], tasks[0]),
+              "model_backend": results["dcsjax"]["config"]["model_backend"], "torch_threads": torch.get_num_threads()}
     out = write_record(args.out, "lm-eval", record, args)
     from dcsjax.eval.tables import render
 
@@ -108,6 +128,7 @@ def main() -> None:
     print(f"\nhf / dcsjax wall time: {ratio['first_run']}x whole run, {ratio['loaded_run']}x with the model loaded")
     for task in tasks:
         print(task, "dcsjax", metrics["dcsjax"][task], "| hf", metrics["hf"][task])
+    print(f"{tasks[0]} per request: {record['agreement']}")
     print(f"wrote {out}")
 
 
