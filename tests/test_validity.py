@@ -146,7 +146,8 @@ def test_aps_is_skipped_and_named_where_asked(tmp_path):
 def test_sequence_dcs_under_each_idk_phrasing_against_direct_continuation_scores():
     """Each record's pIDK under each phrasing and normalisation, recomputed from `score_continuations`
     (each continuation scored on its own): the headline's pIDK is one phrasing's (paper 000's one abstention
-    response: the first), the set of phrasings ("any") a companion."""
+    response: the first), the set of phrasings ("any") a companion, and its control ("paraphrased": each
+    option said as many ways, bare, "The answer is ...", "The answer to this question is ...", summed likewise)."""
     scorer = scorer_for("smollm2-135m-instruct")
     items = load_task(resolve_task("general_knowledge"))[0][:3]
     ctx = context(scorer, "general_knowledge")
@@ -157,16 +158,26 @@ def test_sequence_dcs_under_each_idk_phrasing_against_direct_continuation_scores
         idk = [" " + p for p in ctx.idk_phrasings]
         ll = scorer.score_continuations([question] * len(options + idk), options + idk)
         tokens = np.array([len(scorer.split_encode(question, t)[1]) for t in options + idk])
+        said = [f" The answer is {c}." for c in item.choices] + [f" The answer to this question is {c}." for c in item.choices]
+        said_ll = np.array(scorer.score_continuations([question] * len(said), said)).reshape(2, len(options))
         for norm, scores in (("sum", ll), ("token", ll / tokens)):
             opt, phr = scores[:len(options)], scores[len(options):]
             for name, idk_score in [*zip(ctx.idk_phrasings, phr), ("any", np.logaddexp.reduce(phr))]:
                 full = np.append(opt, idk_score)
                 p = np.exp(full - np.logaddexp.reduce(full))
                 assert record["idk_sensitivity"][norm][name][1] == pytest.approx(p[-1], abs=2e-5), (norm, name)
+        full = np.append(np.logaddexp.reduce(np.vstack([ll[:len(options)], said_ll]), axis=0),
+                         np.logaddexp.reduce(ll[len(options):]))  # three wordings a side, summed
+        p = np.exp(full - np.logaddexp.reduce(full))
+        p_correct = float(p[list(item.correct)].sum())
+        p_wrong = 1.0 - p[-1] - p_correct
+        assert record["idk_sensitivity"]["sum"]["paraphrased"] == pytest.approx(
+            [(p_correct - p_wrong) * (1 - p[-1]), p[-1]], abs=2e-5)  # paper 000's DCS at lc = lw = 1
+        assert record["idk_sensitivity"]["sum"]["paraphrased"][1] < record["idk_sensitivity"]["sum"]["any"][1]
         assert record["p_idk"] == pytest.approx(record["idk_sensitivity"]["sum"][ctx.idk_phrasings[0]][1], abs=1e-6)
         assert record["p_idk"] < record["idk_sensitivity"]["sum"]["any"][1]
     metrics = protocols.get("dcs").summarise(records)
-    assert set(metrics["dcs_by_idk"]) == {"any", *ctx.idk_phrasings} and metrics["idk_spread"] >= 0
+    assert set(metrics["dcs_by_idk"]) == {"any", "paraphrased", *ctx.idk_phrasings} and metrics["idk_spread"] >= 0
 
     # an item with an IDK option of its own (known_unknowns' "Unknown"): that option is the headline's IDK
     item = load_task(resolve_task("known_unknowns"))[0][0]

@@ -210,11 +210,12 @@ def idk_rows(models: dict[str, ModelResults]) -> list[dict]:
 def idk_table(rows: list[dict]) -> str:
     if not rows:
         return "no sequence DCS records with IDK phrasings"
-    names = list(rows[0]["by_idk"])
+    names = list(dict.fromkeys(n for r in rows for n in r["by_idk"]))  # records of older code lack the control
     norms = list(rows[0]["by_normalisation"])
     header = ["model", "task", "n", *(f"DCS (pIDK) IDK = {n!r}" for n in names), *(f"DCS per {n}" for n in norms),
               "spread over phrasings"]
-    body = [[r["model"], r["task"], r["n"], *(f"{r['by_idk'][n]:.3f} ({r['p_idk'][n]:.2f})" for n in names),
+    cell = lambda r, n: f"{r['by_idk'][n]:.3f} ({r['p_idk'][n]:.2f})" if n in r["by_idk"] else "-"  # noqa: E731
+    body = [[r["model"], r["task"], r["n"], *(cell(r, n) for n in names),
              *(f"{r['by_normalisation'][n]:.3f}" for n in norms), f"{r['spread']:.3f}"] for r in rows]
     return render(header, body, "markdown", numeric=range(2, len(header)))
 

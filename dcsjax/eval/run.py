@@ -92,10 +92,12 @@ def headline_values(protocol: str, records: list[dict]) -> list[float]:
 
 def idk_warnings(metrics: dict, low: float | None, high: float | None) -> list[str]:
     """Where a single IDK phrasing moves the task's mean DCS outside the headline's interval."""
+    from dcsjax.eval.protocols.dcs import CLASSES
+
     if low is None or "dcs_by_idk" not in metrics:
         return []
     return [f"IDK phrased {name!r}: mean DCS {value:.3f} outside the interval [{low:.3f}, {high:.3f}]"
-            for name, value in metrics["dcs_by_idk"].items() if name != "any" and not low <= value <= high]
+            for name, value in metrics["dcs_by_idk"].items() if name not in CLASSES and not low <= value <= high]
 
 
 def check_arguments(protocols: Sequence[str], limit: int | None, threshold: float | None,

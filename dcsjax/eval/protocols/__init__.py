@@ -18,6 +18,10 @@ from dcsjax.eval.protocols import fewshot, options
 # needs one written out (the letter prompt, the fine-tuning data). See `dcs.py` for why there are several.
 IDK_PHRASINGS = ("I don't know.", "Unknown", "I do not know the answer to this question.")
 IDK_CONTINUATION = IDK_PHRASINGS[0]  # the IDK option's text where an item needs one written out
+# The control for the set of IDK phrasings summed as one class: each answer option as many wordings, summed
+# the same way (bare like "Unknown", a short sentence, a long one), so neither side gains mass by being said
+# more ways. Used for the first len(phrasings) phrasings and as many of these.
+ANSWER_PARAPHRASES = ("{}", "The answer is {}.", "The answer to this question is {}.")
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,7 @@ def _build() -> dict[str, Protocol]:
                  summarise=dcs.summarise, headline=lambda r: r["dcs"], answer=idk_answer,
                  settings=lambda ctx: dcs_settings(ctx) | {
                      "context": ctx.card.mcqa_context, "idk_phrasings": list(ctx.idk_phrasings),
+                     "answer_paraphrases": list(dcs.answer_forms(ctx.idk_phrasings)),  # the `paraphrased` control
                      "idk_headline": "one IDK response (the item's own IDK option, else the first phrasing), "
                                      "summed log-likelihood"}),
         Protocol("dcs-letters", PROTOCOL_HELP["dcs-letters"],

@@ -11,8 +11,10 @@ Two elicitations:
   the first phrasing, under summed log-likelihoods (the only normalisation that is a probability of the
   text). The set of phrasings as one class (`any`, their summed probability) is a companion: its pIDK is
   at least each phrasing's, so its |DCS| is at most the smallest single phrasing's and it always sits
-  nearest 0. The summary shows the spread and warns where another phrasing moves the task's DCS outside
-  its interval.
+  nearest 0. Its control (`paraphrased`) says each answer option as many ways (`ANSWER_PARAPHRASES`: bare,
+  "The answer is ...", "The answer to this question is ...") and sums them as IDK's phrasings are summed, so
+  neither side gains mass by being said more ways. The summary shows the spread over single phrasings and
+  warns where another phrasing moves the task's DCS outside its interval.
 - `dcs-letters`: the options lettered in the prompt, IDK as a lettered option like the others, and the
   next-token probabilities of the letters renormalised over them (`letter_mass` keeps their share).
 """
@@ -28,11 +30,13 @@ from scipy.special import logsumexp
 
 from dcsjax.data.items import LETTERS, Item
 from dcsjax.metrics.dcs import dcs_parts, softmax_over_options
-from dcsjax.eval.protocols import IDK_CONTINUATION, IDK_PHRASINGS  # the registry holds the default wordings
+from dcsjax.eval.protocols import ANSWER_PARAPHRASES, IDK_CONTINUATION, IDK_PHRASINGS  # the registry holds the wordings
 from dcsjax.eval.protocols.mcqa import MCQA_CONTEXT, mcqa_context, normalised
 
 IDK_NORMALISATIONS = ("sum", "token", "byte")
 ANY_PHRASING = "any"  # the IDK class as the set of phrasings: the sum of their probabilities
+PARAPHRASED = "paraphrased"  # its control: each answer option as many wordings, summed likewise
+CLASSES = (ANY_PHRASING, PARAPHRASED)  # companions that are not one phrasing
 
 
 def dcs_records(items: Sequence[Item], probs: Sequence[np.ndarray], idk_index: Sequence[int], lc: float,
@@ -79,10 +83,17 @@ def phrasings_for(item: Item, phrasings: Sequence[str]) -> list[str]:
     return own + [p for p in phrasings if p.strip().casefold() not in seen]
 
 
+def answer_forms(phrasings: Sequence[str]) -> tuple[str, ...]:
+    """The answer wordings of the `paraphrased` control: as many as IDK phrasings (at most the kept ones)."""
+    return ANSWER_PARAPHRASES[:len(phrasings)]
+
+
 def sequence_continuations(item: Item, phrasings: Sequence[str] = IDK_PHRASINGS) -> list[str]:
-    """The answer options (an IDK option of the item's own left out), then each IDK phrasing."""
-    return ([" " + c for i, c in enumerate(item.choices) if i != item.idk]
-            + [" " + p for p in phrasings_for(item, phrasings)])
+    """The answer options (an IDK option of the item's own left out), then each IDK phrasing, then the answer
+    options in each further wording of `answer_forms` (the control), option by option within a wording."""
+    answers = [c for i, c in enumerate(item.choices) if i != item.idk]
+    return ([" " + c for c in answers] + [" " + p for p in phrasings_for(item, phrasings)]
+            + [" " + form.format(c) for form in answer_forms(phrasings)[1:] for c in answers])
 
 
 def run_dcs_sequences(scorer, items: Sequence[Item], lc: float = 1.0, lw: float = 1.0,
@@ -94,26 +105,32 @@ def run_dcs_sequences(scorer, items: Sequence[Item], lc: float = 1.0, lw: float 
     conts = [sequence_continuations(item, phrasings) for item in items]
     per_token = scorer.option_logprobs([mcqa_context(i, template) for i in items], conts) if items else []
     idk_index = [item.idk if item.idk is not None else len(item.choices) for item in items]
+    forms = len(answer_forms(phrasings))
+    names = [ANY_PHRASING, *phrasings, *([PARAPHRASED] if forms > 1 else [])]
     variants = {}  # (normalisation, phrasing) -> per item: distribution over options + IDK
     for norm in IDK_NORMALISATIONS:
-        for name in [ANY_PHRASING, *phrasings]:
+        for name in names:
             variants[norm, name] = []
     headline = []  # paper 000's pIDK: one IDK response, the item's own option or else the first phrasing
     for item, a, ps, lps, texts, k in zip(items, answers, idk_texts, per_token, conts, idk_index):
         scores = {norm: v for norm, v in normalised(lps, texts).items() if norm in IDK_NORMALISATIONS}
         for norm, s in scores.items():
-            options, idk_scores = s[:len(a)], s[len(a):]
+            options, idk_scores, reworded = s[:len(a)], s[len(a):len(a) + len(ps)], s[len(a) + len(ps):]
             by_text = dict(zip([p.strip().casefold() for p in ps], idk_scores))
             if norm == "sum":
                 headline.append(softmax(np.insert(options, k, idk_scores[0])))
-            for name in [ANY_PHRASING, *phrasings]:
-                idk_score = logsumexp(idk_scores) if name == ANY_PHRASING else by_text[name.strip().casefold()]
-                full = np.insert(options, k, idk_score)  # IDK back at its index among the options
+            for name in names:
+                if name == PARAPHRASED:  # [forms, options] summed over wordings, against as many IDK phrasings
+                    options_said = logsumexp(np.vstack([options, reworded.reshape(forms - 1, len(a))]), axis=0)
+                    full = np.insert(options_said, k, logsumexp(idk_scores[:forms]))
+                else:
+                    idk_score = logsumexp(idk_scores) if name == ANY_PHRASING else by_text[name.strip().casefold()]
+                    full = np.insert(options, k, idk_score)  # IDK back at its index among the options
                 variants[norm, name].append(softmax(full))
     sensitivity = {key: _parts(items, probs, idk_index, lc, lw) for key, probs in variants.items()}
     extra = [{"idk_phrasings": ps, "idk_sensitivity": {
         norm: {name: [round(float(sensitivity[norm, name]["dcs"][r]), 6), round(float(sensitivity[norm, name]["p_idk"][r]), 6)]
-               for name in [ANY_PHRASING, *phrasings]} for norm in IDK_NORMALISATIONS}}
+               for name in names} for norm in IDK_NORMALISATIONS}}
         for r, ps in enumerate(idk_texts)]
     return dcs_records(items, headline, idk_index, lc, lw, extra)
 
@@ -189,6 +206,6 @@ def summarise(records: list[dict]) -> dict:
         out["dcs_by_idk"] = {name: mean([s["sum"][name][0] for s in sens]) for name in sens[0]["sum"]}
         out["p_idk_by_idk"] = {name: mean([s["sum"][name][1] for s in sens]) for name in sens[0]["sum"]}
         out["dcs_by_normalisation"] = {norm: mean([s[norm][ANY_PHRASING][0] for s in sens]) for norm in sens[0]}
-        singles = [v for k, v in out["dcs_by_idk"].items() if k != ANY_PHRASING]
+        singles = [v for k, v in out["dcs_by_idk"].items() if k not in CLASSES]
         out["idk_spread"] = max(singles) - min(singles)
     return out
