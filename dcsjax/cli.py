@@ -445,7 +445,7 @@ def _plan_program(program: str, config, mesh, chip, args, dtype) -> dict:
     from dcsjax.engine.plan import plan_decode, plan_scoring
 
     if program == "score":
-        return plan_scoring(config, mesh, chip, args.rows, args.length, dtype)
+        return plan_scoring(config, mesh, chip, args.rows, args.length, dtype, args.vocab_chunk)
     if program == "decode":
         return plan_decode(config, mesh, chip, args.decode_rows, args.cached, args.new_tokens, dtype)
     from dcsjax.training.plan import plan_training
@@ -468,6 +468,8 @@ def _plan_parser(sub) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="parameters' dtype")
     p.add_argument("--rows", type=_rows, default=8, help="scoring: rows per step (default 8)")
     p.add_argument("--length", type=_whole(1, "tokens"), default=2048, help="scoring: tokens per packed row (default 2048)")
+    p.add_argument("--vocab-chunk", type=_whole(1, "vocabulary rows"), default=None,
+                   help="scoring: vocabulary rows per step of the log-prob kernel (default: the engine's, 8192)")
     p.add_argument("--decode-rows", type=_rows, default=64, help="decoding: rows (default 64)")
     p.add_argument("--cached", type=_whole(1, "tokens"), default=1024, help="decoding: prompt tokens in the cache (default 1024)")
     p.add_argument("--new-tokens", type=_whole(1, "tokens"), default=32, help="decoding: tokens generated (default 32)")

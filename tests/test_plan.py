@@ -133,11 +133,12 @@ def test_plan_command_prints_its_table_and_json(tmp_path, capsys):
 
     out = tmp_path / "plan.json"
     assert main(["plan", "--model", "smollm2-135m-instruct", "--topology", "v5e:2x2", "--programs", "score",
-                 "--rows", "2", "--length", "128", "--json", str(out)]) == 0
+                 "--rows", "2", "--length", "128", "--vocab-chunk", "16384", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "v5e:2x2" in printed and "est. MFU" in printed and "not measured" in printed
     (row,) = json.loads(out.read_text())
     assert row["model"] == "smollm2-135m-instruct" and row["mesh"] == "2x2" and row["program"] == "score"
+    assert row["vocab_chunk"] == 16384  # the log-prob kernel's chunk, as given (default the engine's)
 
 
 def test_a_topology_libtpu_does_not_know_is_one_line():

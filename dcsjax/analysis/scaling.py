@@ -14,6 +14,8 @@ from typing import Callable
 import numpy as np
 from scipy.optimize import brentq, least_squares
 
+from dcsjax.metrics.bootstrap import resample_indices  # models resampled as items are
+
 Curve = Callable[..., np.ndarray]
 
 # name -> (curve of centred x and parameters, starting points as functions of (x, y))
@@ -84,17 +86,13 @@ def fit_curves(log10_size, accuracy, families=tuple(FAMILIES)) -> list[Fit]:
     return sorted(fits, key=lambda f: f.aic)
 
 
-def _resamples(n: int, n_boot: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, n, (n_boot, n))
-
-
 def bootstrap_band(log10_size, accuracy, family: str, grid, n_boot: int = 1000, seed: int = 0,
                    level: float = 0.95) -> tuple[np.ndarray, np.ndarray, int]:
     """Pointwise percentile band of one family's curve over `grid`, resampling models with replacement.
     Returns (low, high, resamples that could be fitted)."""
     x, y = np.asarray(log10_size, np.float64), np.asarray(accuracy, np.float64)
     curves = []
-    for idx in _resamples(len(x), n_boot, seed):
+    for idx in resample_indices(len(x), n_boot, seed):
         if len(np.unique(x[idx])) <= n_params(family):
             continue  # too few distinct sizes to fit this family
         fit = _fit_family(family, x[idx], y[idx], float(x.mean()))
@@ -150,7 +148,7 @@ def break_even(log10_size, aps, apx, n_boot: int = 1000, seed: int = 0, level: f
     point = crossing(fit_apx, fit_aps, lo, hi)
     where = []  # per resample: the crossing, or -inf / inf where it lies outside the sizes
     centre = float(x.mean())
-    for idx in _resamples(len(x), n_boot, seed):
+    for idx in resample_indices(len(x), n_boot, seed):
         f_aps = _fit_family(fit_aps.family, x[idx], aps[idx], centre)
         f_apx = _fit_family(fit_apx.family, x[idx], apx[idx], centre)
         if f_aps is None or f_apx is None:

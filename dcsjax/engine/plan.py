@@ -217,11 +217,14 @@ def row_shapes(shape, mesh, dtype=jnp.int32):
 
 
 def plan_scoring(config: DecoderConfig, mesh, chip: Chip, rows: int = 8, length: int = 2048,
-                 dtype=jnp.bfloat16, vocab_chunk: int = 8192) -> dict:
+                 dtype=jnp.bfloat16, vocab_chunk: int | None = None) -> dict:
     """The packed scoring step of `rows` x `length` fully packed rows: memory per chip (and the most rows of
     that length that fit, from the temporaries' growth between `rows` and 2 x `rows`), FLOPs per chip against
-    the model's for those tokens, and XLA's estimated step time."""
-    from dcsjax.engine.batches import _batch_logprobs
+    the model's for those tokens, and XLA's estimated step time. vocab_chunk: the log-prob kernel's vocabulary
+    rows per step (default the engine's, `BatchSettings.vocab_chunk`)."""
+    from dcsjax.engine.batches import BatchSettings, _batch_logprobs
+
+    vocab_chunk = vocab_chunk or BatchSettings.vocab_chunk
 
     data = mesh.shape["data"]
     if rows % data:
@@ -253,7 +256,7 @@ def plan_scoring(config: DecoderConfig, mesh, chip: Chip, rows: int = 8, length:
     tokens = rows * length
     model_flops = config.flops_per_token(mean_context=(length + 1) / 2) * tokens / mesh.size
     params = bytes_per_chip(abstract_model(config, mesh, dtype)[1])
-    return {"program": "score", "rows": rows, "length": length, "tokens": tokens, "params_bytes": params,
+    return {"program": "score", "rows": rows, "length": length, "vocab_chunk": vocab_chunk, "tokens": tokens, "params_bytes": params,
             **memory, **_fit(memory, doubled, rows, data, chip), **_speed(cost, model_flops, tokens, chip, params),
             **_where_the_time_goes(cost, chip), "attention_kernel": kernel, "cost_rows": cost_rows,
             "compile_s": round(seconds, 1)}
