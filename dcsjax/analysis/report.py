@@ -560,8 +560,9 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
         "## Sequence DCS under each IDK phrasing", "",
         "Mean DCS (mean pIDK) with IDK worded each way (summed log-likelihoods; the headline takes the item's own "
         "IDK option, else the first phrasing, as paper 000's one abstention response; 'any' = the sum of the "
-        "phrasings' probabilities, a companion that always sits nearest 0), and with IDK = 'any' under each "
-        "normalisation.", "", idk_table(idk), "",
+        "phrasings' probabilities, a companion that always sits nearest 0; 'paraphrased' = its control, each "
+        "answer option said as many ways as IDK, bare, 'The answer is ...' and 'The answer to this question is "
+        "...', summed as the phrasings are), and with IDK = 'any' under each normalisation.", "", idk_table(idk), "",
         "## Every metric", "", markdown_table(rows), "",
     ]
     summary = out / "summary.md"
