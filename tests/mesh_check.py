@@ -44,9 +44,8 @@ def naive_all_gathers(scorer) -> list[tuple[int, ...]]:
     return gathered_shapes(compiled.as_text())
 
 
-def eval_on_mesh(name, scorers: dict) -> dict:
-    """`dcsjax eval` (every protocol, APX's decode loop included) on one device and on a 2x4 mesh, with the
-    scorers loaded for the checks above (`dcsjax.load(name, mesh=...)`, as `dcsjax eval --mesh` loads them)."""
+def eval_on_mesh(name) -> dict:
+    """`dcsjax eval` (every protocol, APX's decode loop included) on one device and on a 2x4 mesh."""
     import tempfile
     from pathlib import Path
 
@@ -56,8 +55,7 @@ def eval_on_mesh(name, scorers: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for mesh in (None, "2x4"):
             folder = Path(tmp) / str(mesh)
-            run_eval(name, ["known_unknowns"], ["mcqa", "apx", "dcs"], folder, limit=6, progress=False, mesh=mesh,
-                     scorer=scorers[mesh])
+            run_eval(name, ["known_unknowns"], ["mcqa", "apx", "dcs"], folder, limit=6, progress=False, mesh=mesh)
             out[mesh] = {p: read_records(folder / name / "known_unknowns" / f"{p}.jsonl") for p in ("mcqa", "apx", "dcs")}
     one, sharded = out[None], out["2x4"]
     return {"dcs_max_diff": max(abs(a["dcs"] - b["dcs"]) for a, b in zip(one["dcs"], sharded["dcs"])),
@@ -130,8 +128,6 @@ def main(names):
         single = dcsjax.load(name, batch_size=8, **options)
         reference = single.token_logprobs(TEXTS)
         vocab = single.config.vocab_size
-        with_eval = argument == names[0] and not options
-        kept = {None: single} if with_eval else {}  # the first model's scorers are kept for `eval_on_mesh`
         del single
         result = {"model": name, "devices": jax.device_count()}
         for mesh in (only,) if only else ("2x4", "8x1"):
@@ -147,16 +143,13 @@ def main(names):
             }
             if mesh == "2x4":
                 result[mesh]["control_gathered"] = [s for s in naive_all_gathers(scorer) if any(d >= vocab // 2 for d in s)]
-                if with_eval:
-                    kept[mesh] = scorer
             del scorer
             jax.clear_caches()  # frees this mesh's copies and programs before the next (measured with Gemma on
             # 8x1: it did not lower that 11.8 GB peak, which one mesh makes alone)
             gc.collect()
         result["vocab"] = vocab
-        if with_eval:
-            result["eval"] = eval_on_mesh(name, kept)
-            kept.clear()
+        if argument == names[0] and not options:
+            result["eval"] = eval_on_mesh(name)
             result["splash"] = splash_on_mesh()
             result["routed_experts_max_diff"] = routed_on_mesh()
         print(json.dumps(result), flush=True)
