@@ -1,4 +1,4 @@
-"""APX: greedy decoding against transformers' generate, the D.1 prompts, and the D.2 parser on real
+"""APX: greedy decoding against transformers' generate (Gemma 3), the D.1 prompts, and the D.2 parser on real
 generations of SmolLM2-135M-Instruct (BIG-bench hindu_knowledge), including multi-answer and unparsable ones."""
 
 import pytest
@@ -12,7 +12,10 @@ ITEM = Item(id="hk/2", question="Which of these texts is not a Hindu scripture?"
             choices=("Vedas", "Upanishads", "Koran", "Aranyakas"), correct=(2,))
 
 
+# Gemma 3 here; SmolLM2's greedy decoding against transformers' generate is test_lm_eval.py's generate_until
+# comparison (a batch of eight prompts of different lengths, the same decode loop), so it does not run twice.
 @pytest.mark.slow
+@pytest.mark.parametrize("model_name", ["gemma3-270m"])
 def test_greedy_generation_matches_transformers(model_name):
     import torch
 

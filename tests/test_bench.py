@@ -77,7 +77,8 @@ def test_lm_eval_backends_script_quick(tmp_path):
 
 def test_generation_script_quick(tmp_path):
     # the statements workload only: the apx workload's greedy tokens against transformers' generate are what
-    # test_apx.py checks on both models, and both workloads run the same decoding loop in both engines
+    # test_apx.py (Gemma 3) and test_lm_eval.py's generate_until comparison (SmolLM2) check, and both workloads
+    # run the same decoding loop in both engines
     result = run(["bench/generation.py", "--prompts", "4", "--batch", "4", "--workloads", "statements",
                   "--max-new", "8"], tmp_path)
     (statements,) = result["rows"]
