@@ -152,3 +152,33 @@ def test_suite_times_sums_each_file_from_a_durations_log(tmp_path, capsys):
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in out.splitlines() if line.startswith("| tests")}
     assert (rows["tests/test_a.py"], rows["tests/test_b.py"], rows["tests/test_a.py::test_x[1]"]) == ("16.0", "3.0", "15.0")
     assert "sum of the tests' times: 19 s" in out and out.strip().endswith("3 passed in 9.10s")
+
+
+def test_tpu_copies_names_each_copied_slice_by_its_array(tmp_path):
+    """bench/tpu_copies.py on Llama-3.1-8B's published config (2 layers, no weights) compiled for v5e:2x4: the
+    bytes a layer must read counted from the config by hand, and every copy it lists the size of a layer's
+    shard of the array it names (in a process of this worker's: libtpu compiles, nothing runs)."""
+    import json as json_
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from tpu_copies import main
+
+    main(["--model", "llama-3.1-8b", "--topology", "v5e:2x4", "--layers", "2", "--programs", "decode",
+          "--decode-rows", "8", "--cached", "128", "--out", str(tmp_path)])
+    (path,) = tmp_path.glob("tpu-copies-*.json")
+    record = json_.loads(path.read_text())
+    (decode,) = record["rows"]
+    # Llama-3.1-8B: width 4096, 32 query and 8 KV heads of 128, MLP 14336; heads and MLP split 4 ways (the
+    # model axis), the two norms replicated; the cache's rows split 2 ways (data), its KV heads 4 ways
+    d, k, mlp = 4096, 128, 14336
+    shards = {"q": d * 8 * k, "k or v": d * 2 * k, "o": 8 * k * d, "gate or up": d * mlp // 4, "down": mlp // 4 * d,
+              "KV cache": 4 * 129 * 2 * k}
+    layer = (shards["q"] + 2 * shards["k or v"] + shards["o"] + 3 * shards["gate or up"] + 2 * d) * 2
+    assert decode["layer_must_read_MiB"] == round((layer + 2 * shards["KV cache"] * 2) / 2**20, 1)
+    assert decode["scan"]["while_loops"] >= 1 and decode["unrolled"]["while_loops"] == 0  # the layer loop, then none
+    # the finding docs/sharding.md reports (with this libtpu): the scan's body copies the q, k and v slices
+    assert {"q", "k or v"} <= {c["of"] for c in decode["scan"]["copies"]}, decode["scan"]
+    for variant in ("scan", "unrolled"):
+        for copy in decode[variant]["copies"]:
+            assert copy["MiB"] == round(shards[copy["of"]] * 2 / 2**20, 2), copy
+    assert names_its_code(record) and record["measured"] == "compiled only, not run"
