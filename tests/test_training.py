@@ -197,7 +197,7 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
     for t in ("0.5", "0.75"):
         entry = results["by_threshold"][t]
         lora = {"dcs+ce (lora)", "dcs+ce+tau (lora)"} if t == "0.5" else set()
-        assert set(entry["policies"]) == {"start", "start+tau", "ce+tau", "dcs+ce", "dcs+ce+tau", "ce+tau (lora)", *lora}
+        assert set(entry["policies"]) == {"uniform", "start", "start+tau", "ce+tau", "dcs+ce", "dcs+ce+tau", "ce+tau (lora)", *lora}
         assert "dcs+ce - start+tau" in entry["paired"] and "dcs+ce+tau - start+tau" in entry["paired"]
         if lora:
             assert {"dcs+ce (lora) - ce+tau (lora)", "dcs+ce+tau (lora) - ce+tau (lora)"} <= set(entry["paired"])

@@ -117,3 +117,30 @@ def test_the_dcs_trained_arm_gets_the_baselines_threshold_tuned_on_its_own_dev()
     assert entry["policies"]["dcs+ce+tau"]["metrics"]["dcs"] == entry["policies"]["dcs+ce"]["metrics"]["dcs"]
     assert entry["policies"]["ce+tau"]["metrics"]["dcs"][0] is not None
     assert {"dcs+ce+tau - start+tau", "dcs+ce+tau - ce+tau", "dcs+ce - ce+tau"} <= set(entry["paired"])
+
+
+@pytest.mark.parametrize("t", [0.25, 0.75])
+def test_the_uniform_answerer_is_every_choice_averaged_and_its_dcs_evals_chance_reference(t):
+    """The training tables' chance row: its metrics are the average over every entry an item presents (each
+    option answered, IDK abstaining), worked out by enumeration; its distributional DCS per item is the closed
+    form `dcsjax eval` prints as the uniform reference (`eval.run.chance_uniform`)."""
+    from dcsjax.eval.run import chance_uniform
+    from dcsjax.training.policies import uniform_answerer
+
+    d = random_dists(40, seed=3)
+    _, lw = loadings_from_threshold(t)
+    valid, idk = np.asarray(d.valid), np.asarray(d.idk)
+    gain, answered, right = [], [], []
+    for i in range(len(valid)):
+        entries = [ABSTAIN if idk[i, j] else j for j in np.flatnonzero(valid[i])]
+        g = [float(gains(Distributions(*(x[i:i + 1] for x in d)), np.array([a]), lw)[0]) for a in entries]
+        gain.append(np.mean(g))
+        answered.append(np.mean([a != ABSTAIN for a in entries]))
+        right.append(np.mean([x > 0 for x in g]))
+    kind = np.array(["answerable"] * 40)
+    m = {k: float(v[0]) for k, v in metrics_of(uniform_answerer(d, lw), kind).items()}
+    assert m["score"] == pytest.approx(np.mean(gain)) and m["coverage"] == pytest.approx(np.mean(answered))
+    assert m["selective_accuracy"] == pytest.approx(np.sum(right) / np.sum(answered))
+    records = [{"probs": [0.0] * int(valid[i].sum()), "correct_options": list(np.flatnonzero(np.asarray(d.correct)[i])),
+                "idk_index": int(np.flatnonzero(idk[i])[0]), "lc": 1.0, "lw": lw} for i in range(len(valid))]
+    assert m["dcs"] == pytest.approx(chance_uniform("dcs", records), abs=1e-6)

@@ -29,12 +29,12 @@ from typing import Sequence
 
 import numpy as np
 
-from dcsjax.metrics.dcs import loadings_from_threshold as loadings
+from dcsjax.metrics.dcs import loadings_from_threshold as loadings, loadings_note
 from dcsjax.metrics.bootstrap import resample_indices
 from dcsjax.training.data import CONSTRUCTIONS, DEFAULT_TASKS, SPLITS, abstention_splits, write_jsonl
 from dcsjax.training.features import letter_features, load_features, save_features
 from dcsjax.training.policies import (
-    METRIC_LABELS, outcomes, own_choice, paired, summarise, thresholded, tune_threshold,
+    METRIC_LABELS, outcomes, own_choice, paired, summarise, thresholded, tune_threshold, uniform_answerer,
 )
 from dcsjax.eval.tables import render
 from dcsjax.training.config import ARMS
@@ -63,7 +63,7 @@ def cached_features(scorer, items, split: str, folder: Path, top_layers: int, lc
 
 
 THRESHOLDS = (0.25, 0.5, 0.75)
-POLICY_LABELS = {"start": "starting model, own choice", "start+tau": "starting model + threshold",
+POLICY_LABELS = {"uniform": "uniform answerer (chance)", "start": "starting model, own choice", "start+tau": "starting model + threshold",
                  "ce+tau": "cross-entropy + threshold", "dcs": "DCS at t", "dcs+ce": "DCS + CE at t",
                  "dcs+tau": "DCS at t + threshold", "dcs+ce+tau": "DCS + CE at t + threshold"}
 BASELINES = ("start+tau", "ce+tau")
@@ -242,6 +242,8 @@ def threshold_results(t: float, start: dict, models: dict, kind: np.ndarray, n_b
     indices = resample_indices(len(kind), n_boot, seed=0)  # the same resamples for every policy: pairs
     policies: dict[str, tuple] = {}  # name -> (Outcomes, extra info)
     tau = tune_threshold(start["dev"], lw)
+    # the chance reference every row is read against (beside abstaining everywhere, which scores exactly 0)
+    policies["uniform"] = (uniform_answerer(start["test"], lw), {})
     policies["start"] = (outcomes([start["test"]], [own_choice(start["test"])], lw, soft=True), {})
     policies["start+tau"] = (outcomes([start["test"]], [thresholded(start["test"], tau)], lw, soft=True),
                              {"tau": [tau]})
@@ -289,7 +291,9 @@ def summary_table(results: dict) -> str:
              + (f"; LoRA: {results['lora_layers']} blocks, seeds {results['lora_seeds']}" if results["lora_layers"] else "")
              + f"); seeds {results['seeds']}; metrics pooled over seeds, 95% bootstrap intervals over test items. "
              "A decision scores +1 right, -t/(1-t) wrong, 0 abstained; 'distribution' is DCS of the model's "
-             "whole option+IDK distribution (for a thresholded policy, the distribution it thresholds).", ""]
+             "whole option+IDK distribution (for a thresholded policy, the distribution it thresholds). Chance "
+             "references: abstaining everywhere scores exactly 0; the uniform answerer picks uniformly among an "
+             "item's options and IDK (its expected metrics) and its distribution is uniform over them.", ""]
     for t, entry in results["by_threshold"].items():
         body = []
         for name, p in entry["policies"].items():
@@ -300,7 +304,8 @@ def summary_table(results: dict) -> str:
                              else f"{v:.3f}")
             tau = f" (tau {np.mean(p['tau']):.2f})" if "tau" in p else ""
             body.append([f"{_label(name)}{tau}", *cells])
-        lines += [f"### t = {t} (lw = {entry['lw']:.3g})", "",
+        note = loadings_note(1.0, entry["lw"])  # t > 0.5: outside Definition 1, said under the heading
+        lines += [f"### t = {t} (lw = {entry['lw']:.3g})", "", *([f"† {note}.", ""] if note else []),
                   render(["policy", *(METRIC_LABELS[n] for n in names)], body, "markdown",
                          numeric=range(1, len(names) + 1))]
         if entry["paired"]:

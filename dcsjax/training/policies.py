@@ -84,6 +84,20 @@ def outcomes(dists: list[Distributions], answers: list[np.ndarray], lw: float, s
     return Outcomes(*(np.stack(parts).astype(np.float64) for parts in zip(*rows)))
 
 
+def uniform_answerer(d: Distributions, lw: float) -> Outcomes:
+    """The chance reference, one seed: each item's answer drawn uniformly from its presented entries (options
+    and IDK; IDK = abstain), kept as its exact expectation per item (fractional `answered` and `right`, so every
+    metric is the expected one, with no sampling), and the uniform distribution over the same entries, whose DCS
+    is what the distributional column reads against."""
+    valid, correct, idk = (np.asarray(x) for x in (d.valid, d.correct, d.idk))
+    n = valid.sum(-1)  # [N] presented entries, IDK included
+    right = (valid & correct & ~idk).sum(-1)
+    wrong = (valid & ~correct & ~idk).sum(-1)
+    uniform = np.where(valid, 1.0 / n[:, None], 0.0)
+    dist = np.asarray(dcs(*option_masses(uniform, correct, idk, valid), 1.0, lw))
+    return Outcomes(*(np.asarray(x, np.float64)[None] for x in ((right - lw * wrong) / n, (right + wrong) / n, right / n, dist)))
+
+
 def metrics_of(o: Outcomes, kind: np.ndarray, idx: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Every metric over the items `idx` ([B, N] resamples, or None: all items once) -> [B] (or scalar)
     arrays. kind [N]: each item's construction ("answerable", "option removed", "wording")."""
