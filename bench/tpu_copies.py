@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_record  # noqa: E402
 
 SIZE = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "pred": 1}
-# what a fusion that only moves data holds: one whose called computation has nothing else writes its
+# the operations of a fusion that only moves data: one whose computation holds nothing else writes its
 # operands' elements, sliced or relaid out, into a buffer of its own (a copy the next operation reads)
 MOVES = {"parameter", "constant", "slice", "dynamic-slice", "bitcast", "copy", "tuple", "transpose", "reshape"}
 COMPUTATION = re.compile(r"(?m)^(?:ENTRY )?%(\S+) \(.*?\{\n(.*?)\n\}", re.S)
@@ -103,7 +103,7 @@ def analyse(config, mesh, chip, program: str, args) -> dict:
     depth = config.num_layers
     config = plan.truncated(config, args.layers)
     graphdef, state = plan.abstract_model(config, mesh, jnp.bfloat16)
-    cache_shard, cache = None, None
+    cache_shard = None
     if program == "decode":
         slots = args.cached + 1
         shape = (config.num_layers, args.decode_rows, slots, config.num_kv_heads, config.head_dim)
