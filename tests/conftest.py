@@ -158,12 +158,10 @@ def gemma3():
     return scorer_for("gemma3-270m")
 
 
-# The files that take longest start first (their times in CI's last run on the 2-core host, docs/bench/tests.md),
-# so that the many short files fill in at the end: with two workers taking whole files (pyproject's addopts,
-# which keep this order), a long file started last would leave a worker running it alone. The sharding check
-# goes first of all: its fixture lets go of the worker's models, which costs nothing before any is loaded.
-LONGEST_FIRST = ["test_sharding.py", "test_bench.py", "test_training.py", "test_architectures.py", "test_plan.py",
-                 "test_lm_eval.py", "test_apx.py", "test_eval.py", "test_parity.py", "test_invariance.py"]
+# The files that take longest start first: with two workers (pyproject's addopts, whole files each), one
+# of them started last would leave a worker running it alone at the end.
+LONGEST_FIRST = ["test_sharding.py", "test_bench.py", "test_training.py", "test_lm_eval.py", "test_invariance.py",
+                 "test_apx.py", "test_parity.py"]
 
 
 def pytest_collection_modifyitems(config, items):
