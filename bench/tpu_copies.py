@@ -63,32 +63,28 @@ def copied_slices(hlo: str, names_of: dict, least: int = 2**20) -> list[dict]:
     return list(found.values())
 
 
-def per_layer_shapes(state, cache_shape=None) -> dict:
-    """Per-layer shard shape on the largest device -> the names of the stacked arrays of that shape."""
+def layer_leaves(state) -> list[tuple[str, object]]:
+    """(name, array) of every stacked per-layer parameter (leading axis `layers`)."""
     import jax
 
-    names: dict[tuple, list[str]] = {}
+    leaves = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
         keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
-        if "layers" not in keys:
-            continue
+        if "layers" in keys:
+            leaves.append((str(keys[-1] if keys[-1] != "value" else keys[-2]), leaf))
+    return leaves
+
+
+def per_layer_shapes(state, cache_shape=None) -> dict:
+    """Per-layer shard shape on the largest device -> the names of the stacked arrays of that shape."""
+    names: dict[tuple, list[str]] = {}
+    for name, leaf in layer_leaves(state):
         shard = leaf.sharding.shard_shape(leaf.shape)
         core = tuple(d for d in shard[1:] if d != 1)  # sizes of 1 dropped, as `copied_slices` drops them
-        names.setdefault(core, []).append(str(keys[-1] if keys[-1] != "value" else keys[-2]))
+        names.setdefault(core, []).append(name)
     if cache_shape is not None:
         names.setdefault(tuple(d for d in cache_shape[1:] if d != 1), []).append("KV cache")
     return names
-
-
-def layer_bytes(state, layers: int) -> int:
-    """Bytes of one layer's stacked parameters on the largest device."""
-    import jax
-
-    total = 0
-    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-        if any(getattr(k, "key", None) == "layers" for k in path):
-            total += math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
-    return total // layers
 
 
 def analyse(config, mesh, chip, program: str, args) -> dict:
@@ -117,7 +113,7 @@ def analyse(config, mesh, chip, program: str, args) -> dict:
                      *(plan.row_shapes((args.rows, args.length), mesh) for _ in range(5)))
         fn, static, donate = _batch_logprobs, (0, 1, 2), ()
     names = per_layer_shapes(state, cache_shard)
-    must_read = layer_bytes(state, config.num_layers)
+    must_read = plan.bytes_per_chip([leaf for _, leaf in layer_leaves(state)]) // config.num_layers
     if cache_shard is not None:
         must_read += 2 * math.prod(cache_shard[1:]) * 2  # keys and values, bf16
     result = {"program": program, "layers_compiled": config.num_layers, "layer_must_read_MiB": round(must_read / 2**20, 1)}
