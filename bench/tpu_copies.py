@@ -1,4 +1,4 @@
-"""Which slices of the layers' stacked weights and KV cache a TPU program copies before reading them.
+"""Which slices of the layers' stacked weights and KV cache a TPU program copies before reading them, and where.
 
 On the CPU backend a decode step spends over half its operation time copying the layer scan's slices
 (`docs/throughput.md`, "One cache slot written per step"). This compiles the engine's own decode step
@@ -6,7 +6,8 @@ On the CPU backend a decode step spends over half its operation time copying the
 (libtpu, no TPU needed, no weights), twice: with the layer loop as it runs (`lax.scan`, one dynamic slice of
 every stacked array a layer) and written out (`nn.loops.unrolled`, static slices), and lists every fusion
 of the optimised program that does nothing but move data (slice, copy, relayout) into a buffer of its own,
-1 MiB or more: a copy the dots then read, where a slice fused into its dot reads the stacked array in place.
+1 MiB or more (`dcsjax.engine.copies`): a copy into HBM, traffic on top of the layer's reads (what `dcsjax
+plan` adds to its decode estimate), or a prefetch into VMEM (on chip), which is how the dots read it.
 Each copy is named by the per-layer arrays of its shape. Per layer and chip it sets the bytes copied against
 the bytes the layer must read anyway (its weights, and for decoding its slice of the cache).
 
@@ -19,80 +20,18 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_record  # noqa: E402
 
-SIZE = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "pred": 1}
-# the operations of a fusion that only moves data: one whose computation holds nothing else writes its
-# operands' elements, sliced or relaid out, into a buffer of its own (a copy the next operation reads)
-MOVES = {"parameter", "constant", "slice", "dynamic-slice", "bitcast", "copy", "tuple", "transpose", "reshape"}
-COMPUTATION = re.compile(r"(?m)^(?:ENTRY )?%(\S+) \(.*?\{\n(.*?)\n\}", re.S)
-OPCODE = re.compile(r"= (?:\([^=]*?\)|\S+) ([a-z][\w-]*)\(")
-FUSION = re.compile(r"(?m)^\s*%(\S+) = (\(.*?\)|\S+) fusion\(.*?kind=kLoop, calls=%([\w.\-]+)")
-CALLED_BY_FUSION = re.compile(r"fusion\(.*?kind=k\w+, calls=%([\w.\-]+)")
-ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
-
-
-def copied_slices(hlo: str, names_of: dict, least: int = 2**20) -> list[dict]:
-    """The fusions of an optimised HLO text that only move data (`MOVES`) into buffers of `least` bytes or more,
-    grouped by shape (sizes of 1 dropped) and named by the per-layer arrays of that shape (`names_of`:
-    per-layer shard shape -> names; "?" for none, such as the output head's vocabulary chunks)."""
-    computations = COMPUTATION.findall(hlo)
-    opcodes = {name: set(OPCODE.findall(body)) for name, body in computations}
-    fused = set(CALLED_BY_FUSION.findall(hlo))
-    # a fusion inside a fused computation (TPU nests them: a slice or relayout in a dot's operand) writes no
-    # buffer of its own; only those of the entry, loop bodies and other unfused computations do
-    found: dict[tuple, dict] = {}
-    top_level = [f for name, body in computations if name not in fused for f in FUSION.findall(body)]
-    for fusion, outputs, called in top_level:
-        if not opcodes.get(called) or not opcodes[called] <= MOVES:
-            continue
-        for dtype, dims in ARRAY.findall(outputs):  # a multi-output fusion writes several buffers
-            shape = tuple(int(d) for d in dims.split(",") if d)
-            size = math.prod(shape) * SIZE.get(dtype, 4)
-            if size < least:
-                continue
-            core = tuple(d for d in shape if d != 1)  # a scan's slice keeps the layer axis (size 1)
-            entry = found.setdefault((dtype, core), {"of": " or ".join(names_of.get(core, ["?"])), "shape": list(core),
-                                                     "dtype": dtype, "MiB": round(size / 2**20, 2), "buffers": 0})
-            entry["buffers"] += 1
-    return list(found.values())
-
-
-def layer_leaves(state) -> list[tuple[str, object]]:
-    """(name, array) of every stacked per-layer parameter (leading axis `layers`)."""
-    import jax
-
-    leaves = []
-    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-        keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
-        if "layers" in keys:
-            leaves.append((str(keys[-1] if keys[-1] != "value" else keys[-2]), leaf))
-    return leaves
-
-
-def per_layer_shapes(state, cache_shape=None) -> dict:
-    """Per-layer shard shape on the largest device -> the names of the stacked arrays of that shape."""
-    names: dict[tuple, list[str]] = {}
-    for name, leaf in layer_leaves(state):
-        shard = leaf.sharding.shard_shape(leaf.shape)
-        core = tuple(d for d in shard[1:] if d != 1)  # sizes of 1 dropped, as `copied_slices` drops them
-        names.setdefault(core, []).append(name)
-    if cache_shape is not None:
-        names.setdefault(tuple(d for d in cache_shape[1:] if d != 1), []).append("KV cache")
-    return names
-
-
 def analyse(config, mesh, chip, program: str, args) -> dict:
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
 
-    from dcsjax.engine import plan
+    from dcsjax.engine import copies, plan
     from dcsjax.engine.batches import BatchSettings, _batch_logprobs
     from dcsjax.nn.sharding import CACHE_AXES, partition_spec
 
@@ -112,8 +51,8 @@ def analyse(config, mesh, chip, program: str, args) -> dict:
         call_args = (graphdef, BatchSettings.vocab_chunk, mesh, state,
                      *(plan.row_shapes((args.rows, args.length), mesh) for _ in range(5)))
         fn, static, donate = _batch_logprobs, (0, 1, 2), ()
-    names = per_layer_shapes(state, cache_shard)
-    must_read = plan.bytes_per_chip([leaf for _, leaf in layer_leaves(state)]) // config.num_layers
+    names = copies.per_layer_shapes(state, cache_shard)
+    must_read = plan.bytes_per_chip([leaf for _, leaf in copies.layer_leaves(state)]) // config.num_layers
     if cache_shard is not None:
         must_read += 2 * math.prod(cache_shard[1:]) * 2  # keys and values, bf16
     result = {"program": program, "layers_compiled": config.num_layers, "layer_must_read_MiB": round(must_read / 2**20, 1)}
@@ -121,18 +60,22 @@ def analyse(config, mesh, chip, program: str, args) -> dict:
         jitted = (plan.unrolled_jit(fn, static, donate) if variant == "unrolled"
                   else jax.jit(getattr(fn, "__wrapped__", fn), static_argnums=static, donate_argnums=donate))
         hlo = jitted.lower(*call_args).compile().as_text()
-        copies = copied_slices(hlo, names, int(args.min_mib * 2**20))
-        layer_copies = [c for c in copies if c["of"] != "?"]
+        found = [{**c, "MiB": round(c.pop("bytes") / 2**20, 2)}
+                 for c in copies.copied_slices(hlo, names, int(args.min_mib * 2**20))]
+        layer_copies = [c for c in found if c["of"] != "?"]
         for c in layer_copies:  # a scan's body holds one copy a layer; the written-out program one for each layer
             c["per_layer"] = c["buffers"] / (config.num_layers if variant == "unrolled" else 1)
-        copied = sum(c["MiB"] * c["per_layer"] for c in layer_copies)
+        per_layer = {m: round(sum(c["MiB"] * c["per_layer"] for c in layer_copies if c["memory"] == m), 1)
+                     for m in ("HBM", "VMEM")}
         result[variant] = {"while_loops": hlo.count(" while("), "copies": layer_copies,
                            # outside the layers (the output head's vocabulary chunks, written out): not per layer
-                           "other_copies": [c for c in copies if c["of"] == "?"], "copied_MiB_per_layer": round(copied, 1),
-                           # a copy is written once and read once more: traffic the slice read in place would not have
-                           "extra_traffic_over_must_read": round(2 * copied * 2**20 / must_read, 3),
+                           "other_copies": [c for c in found if c["of"] == "?"],
+                           # prefetched into VMEM (on chip): how the dots read the slices, no HBM traffic beyond them
+                           "vmem_MiB_per_layer": per_layer["VMEM"], "hbm_copied_MiB_per_layer": per_layer["HBM"],
+                           # an HBM copy is written once and read once more: traffic the slice read in place would not have
+                           "extra_traffic_over_must_read": round(2 * per_layer["HBM"] * 2**20 / must_read, 3),
                            # an estimate: that traffic over the whole model's layers at the published bandwidth
-                           "est_copy_ms_per_step": round(2 * copied * 2**20 * depth / chip.hbm_bytes_per_s * 1e3, 2)}
+                           "est_copy_ms_per_step": round(2 * per_layer["HBM"] * 2**20 * depth / chip.hbm_bytes_per_s * 1e3, 2)}
     return result
 
 
@@ -159,11 +102,12 @@ def main(argv=None) -> None:
     for r in rows:
         for variant in ("scan", "unrolled"):
             v = r[variant]
-            listed = ", ".join(f"{c['of']} {c['shape']} {c['MiB']} MiB" for c in v["copies"]) or "none"
-            print(f"{args.model} {args.topology} {r['program']} ({variant}): {v['copied_MiB_per_layer']} MiB copied per "
-                  f"layer and chip, against {r['layer_must_read_MiB']} MiB it must read "
+            listed = ", ".join(f"{c['of']} {c['shape']} {c['MiB']} MiB ({c['memory']})" for c in v["copies"]) or "none"
+            print(f"{args.model} {args.topology} {r['program']} ({variant}): {v['hbm_copied_MiB_per_layer']} MiB copied into "
+                  f"HBM per layer and chip, against {r['layer_must_read_MiB']} MiB it must read "
                   f"(+{v['extra_traffic_over_must_read']:.0%} traffic; est. {v['est_copy_ms_per_step']} ms a step over "
-                  f"the model's {config.num_layers} layers at {chip.hbm_bytes_per_s / 1e9:.0f} GB/s): {listed}")
+                  f"the model's {config.num_layers} layers at {chip.hbm_bytes_per_s / 1e9:.0f} GB/s); "
+                  f"{v['vmem_MiB_per_layer']} MiB prefetched into VMEM: {listed}")
     path = write_record(args.out, f"tpu-copies-{args.model}-{args.topology.replace(':', '')}",
                         {"model": args.model, "config": source, "topology": args.topology, "chip": chip.name,
                          "mesh": dict(mesh.shape), "rows": rows, "measured": "compiled only, not run"}, args)

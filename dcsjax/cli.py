@@ -430,6 +430,10 @@ def cmd_plan(args) -> int:
     print(f"est.: {ESTIMATED} (per chip; XLA's cost analysis of the same programs with their loops unrolled; a step "
           "takes at least the time to read the chip's weights, and a decode step its KV cache, at the published HBM "
           "bandwidth: --json says which bound holds).")
+    if any(r.get("scan_copies", {}).get("seconds") for r in rows):
+        print("A decode step's layers run scanned, as in the engine; where the scan copies a layer's weight or cache "
+              "slices into HBM buffers that the unrolled program does not, that traffic (written once, read once more) "
+              "is added at the published HBM bandwidth (--json: scan_copies).")
     if any(r.get("attention_kernel") for r in rows):
         print("Rows of 1,024 tokens or more attend through JAX's splash kernel on TPU, a custom call XLA's cost model "
               "counts as free: its FLOPs are counted from its tiles and its time taken at the chip's bf16 peak (a lower "

@@ -37,6 +37,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from dcsjax.engine import copies
 from dcsjax.errors import ConfigError
 from dcsjax.nn import loops
 from dcsjax.nn.attention import SPLASH_BLOCK, long_row_kernel, splash_head_split, takes_blockwise
@@ -323,20 +324,52 @@ def plan_decode(config: DecoderConfig, mesh, chip: Chip, rows: int = 64, cached:
     slots = cached + new_tokens
     cache_bytes = 2 * config.num_layers * rows * slots * config.num_kv_heads * config.head_dim * jnp.dtype(dtype).itemsize
 
-    def step_program(c):
-        g, s = abstract_model(c, mesh, dtype)
-        shape = (c.num_layers, rows, slots, c.num_kv_heads, c.head_dim)
-        cache = jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, partition_spec(CACHE_AXES, shape, mesh)))
-        return timed_compile(unrolled_jit(_decode_step, static_argnums=(0, 1), donate_argnums=(5, 6)), g, mesh, s,
-                             row_shapes((rows,), mesh), row_shapes((rows,), mesh), cache, cache)[0]
+    compiled_steps: dict[tuple, tuple] = {}
 
-    cost = scaled_cost(config, step_program)
+    def step_program(c: DecoderConfig, scanned: bool = False):
+        """(the decode step compiled for c, its layers written out for XLA's cost or scanned as they run; the
+        names of its per-layer shapes). Compiled once each: `scan_copies` reads scaled_cost's longest again."""
+        if (c.num_layers, scanned) not in compiled_steps:
+            g, s = abstract_model(c, mesh, dtype)
+            shape = (c.num_layers, rows, slots, c.num_kv_heads, c.head_dim)
+            cache = jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, partition_spec(CACHE_AXES, shape, mesh)))
+            jitted = (jax.jit(_decode_step, static_argnums=(0, 1), donate_argnums=(5, 6)) if scanned
+                      else unrolled_jit(_decode_step, static_argnums=(0, 1), donate_argnums=(5, 6)))
+            compiled = timed_compile(jitted, g, mesh, s, row_shapes((rows,), mesh), row_shapes((rows,), mesh), cache, cache)[0]
+            compiled_steps[c.num_layers, scanned] = compiled, copies.per_layer_shapes(s, cache.sharding.shard_shape(shape))
+        return compiled_steps[c.num_layers, scanned]
+
+    cost = scaled_cost(config, lambda c: step_program(c)[0])
+    scan_copy = scan_copies(config, chip, step_program)
     model_flops = config.flops_per_token(mean_context=cached + new_tokens / 2) * rows / mesh.size
+    must_read = bytes_per_chip(state) + cache_bytes // mesh.size
     return {"program": "decode", "rows": rows, "cached": cached, "new_tokens": new_tokens,
             "params_bytes": bytes_per_chip(state), "kv_cache_bytes_per_chip": cache_bytes // mesh.size, **memory,
             "fits": "refused" not in memory and memory["argument_bytes"] + memory["temp_bytes"] + memory["code_bytes"]
-            <= chip.hbm_bytes, **_speed(cost, model_flops, rows, chip, bytes_per_chip(state) + cache_bytes // mesh.size),
-            "compile_s": round(seconds, 1)}
+            <= chip.hbm_bytes, **_speed(cost, model_flops, rows, chip, must_read, scan_copy["seconds"]),
+            "scan_copies": scan_copy, "compile_s": round(seconds, 1)}
+
+
+def scan_copies(config: DecoderConfig, chip: Chip, step_program) -> dict:
+    """The HBM traffic the running decode step has and the plan's cost leaves out: XLA's cost is read from the
+    step with its layers written out, while the engine runs them under `lax.scan`, whose body may copy its
+    layer's weight and cache slices into HBM buffers before the dots read them (`engine.copies`). Per chip: the
+    bytes a layer copies into HBM in each program, and the difference over the model's depth, written once and
+    read once more, at the chip's published HBM bandwidth (an estimate). Slices the scan prefetches into VMEM
+    (on chip) are how the dots read their operands, not extra traffic: reported, not added.
+    `step_program(config, scanned)` -> (compiled program, per-layer names of its shapes)."""
+    layers = min(config.num_layers, 2 * layer_period(config))  # scaled_cost's longest written-out program
+    hbm, texts = {}, {}
+    for scanned in (True, False):
+        compiled, names = step_program(truncated(config, layers), scanned=scanned)
+        texts[scanned] = compiled.as_text(), names
+        hbm[scanned] = copies.layer_copy_bytes(*texts[scanned], 1 if scanned else layers)
+    extra = max(hbm[True] - hbm[False], 0.0) * config.num_layers
+    return {"scanned_hbm_bytes_per_layer": hbm[True], "written_out_hbm_bytes_per_layer": hbm[False],
+            "scanned_vmem_bytes_per_layer": copies.layer_copy_bytes(*texts[True], 1, memory="VMEM"),
+            "seconds": 2 * extra / chip.hbm_bytes_per_s if chip.hbm_bytes_per_s else 0.0,
+            "how": "the scanned step's HBM copies beyond the written-out step's, written and read once more at the "
+                   "published HBM bandwidth"}
 
 
 def _decode_step(graphdef, mesh, state, tokens, positions, cache_k, cache_v):
@@ -372,16 +405,18 @@ def _where_the_time_goes(cost: dict, chip: Chip) -> dict:
     return out
 
 
-def _speed(cost: dict, model_flops: float, tokens: int, chip: Chip, must_read: float = 0.0) -> dict:
+def _speed(cost: dict, model_flops: float, tokens: int, chip: Chip, must_read: float = 0.0,
+           copy_seconds: float = 0.0) -> dict:
     """Per chip: compiled against model FLOPs, and the estimated seconds as tokens/s and MFU. The estimate is
     XLA's, but never under the bandwidth floor: `must_read` bytes (a step reads every weight on the chip, and a
     decode step its KV cache) at the chip's published HBM bandwidth. XLA's TPU cost model can come in under that
     floor for a decode step (its bytes accessed counting fewer bytes than the chip's weights: docs/sharding.md),
-    and where it does the floor is the estimate (`bound` says which)."""
+    and where it does the floor is the estimate (`bound` says which). `copy_seconds`: traffic the program that
+    runs has beyond the one XLA's cost was read from (`scan_copies`), added to either."""
     xla = cost["optimal_seconds"]
     ok = xla > 0
     floor = must_read / chip.hbm_bytes_per_s if chip.hbm_bytes_per_s else 0.0
-    seconds = max(xla, floor) if ok else None
+    seconds = max(xla, floor) + copy_seconds if ok else None
     return {"compiled_flops": cost["flops"], "model_flops": model_flops,
             "compiled_over_model": cost["flops"] / model_flops if model_flops else float("nan"),
             "bytes_accessed": cost["bytes_accessed"], "xla_seconds": xla if ok else None,
