@@ -253,4 +253,4 @@ def test_the_scans_copies_are_found_where_the_cpu_profile_measures_them():
     assert {"down", "gate or up", "k or v", "o or q", "KV cache"} <= {x["of"] for x in found}, found
     d, k, mlp = c.hidden_size, c.head_dim, c.mlp_size
     matrices = d * (2 * c.num_heads + 2 * c.num_kv_heads) * k + 3 * d * mlp  # q, k, v, o; gate, up, down
-    assert copies.layer_copy_bytes(hlo, names, 1) == (matrices + 2 * 8 * 260 * c.num_kv_heads * k) * 4
+    assert copies.layer_copy_bytes(hlo, names, 1) == {"HBM": (matrices + 2 * 8 * 260 * c.num_kv_heads * k) * 4, "VMEM": 0}

@@ -91,7 +91,8 @@ def copied_slices(hlo: str, names_of: dict, least: int = 0) -> list[dict]:
                 if size < least:
                     continue
                 space = _MEMORY_SPACE.search(layout)
-                memory = MEMORY.get(int(space.group(1)) if space else 0, f"S({space.group(1) if space else 0})")
+                number = int(space.group(1)) if space else 0
+                memory = MEMORY.get(number, f"S({number})")
                 entry = found.setdefault((dtype, _core(shape), memory), {
                     "of": " or ".join(_names(names_of, _core(shape))), "shape": list(_core(shape)),
                     "dtype": dtype, "memory": memory, "bytes": size, "buffers": 0})
@@ -99,8 +100,12 @@ def copied_slices(hlo: str, names_of: dict, least: int = 0) -> list[dict]:
     return list(found.values())
 
 
-def layer_copy_bytes(hlo: str, names_of: dict, layers_per_text: int, memory: str = "HBM") -> float:
-    """Bytes a layer copies into `memory`, per chip: the copies of per-layer arrays in the text over the layers it
-    holds (1 for a scanned program, whose loop body is one layer; the depth for one written out)."""
-    return sum(c["bytes"] * c["buffers"] for c in copied_slices(hlo, names_of)
-               if c["of"] != "?" and c["memory"] == memory) / layers_per_text
+def layer_copy_bytes(hlo: str, names_of: dict, layers_per_text: int) -> dict[str, float]:
+    """Bytes a layer copies, per chip, by memory space ("HBM", "VMEM"): the copies of per-layer arrays in the
+    text over the layers it holds (1 for a scanned program, whose loop body is one layer; the depth for one
+    written out)."""
+    per_layer = dict.fromkeys(MEMORY.values(), 0.0)
+    for c in copied_slices(hlo, names_of):
+        if c["of"] != "?":
+            per_layer[c["memory"]] = per_layer.get(c["memory"], 0.0) + c["bytes"] * c["buffers"] / layers_per_text
+    return per_layer

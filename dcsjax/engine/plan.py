@@ -16,6 +16,9 @@ Two kinds of figures, kept apart:
   model's depth: total = c(p) + (L / p - 1) (c(2p) - c(p)). Seconds, tokens/s and MFU derived from them are
   estimates of XLA's TPU cost model, not measurements; a device run (`bench/gpu_llama1b.py` on GPU) is what
   measures.
+- The engine runs a decode step's layers scanned; any slices its scan copies through HBM beyond the written-out
+  program's (`engine.copies`; slices prefetched into VMEM are not traffic) are added at the chip's published
+  bandwidth (`scan_copies` in the result).
 - Long rows on TPU attend through the splash kernel (`nn.attention.splash_attention`), a Mosaic custom call that
   XLA's cost model counts as free. Its FLOPs are counted from the tiles it computes (`splash_tiles`) and its
   time taken at the chip's bf16 peak (a lower bound), then added (`attention_kernel` in the result).
@@ -359,14 +362,14 @@ def scan_copies(config: DecoderConfig, chip: Chip, step_program) -> dict:
     (on chip) are how the dots read their operands, not extra traffic: reported, not added.
     `step_program(config, scanned)` -> (compiled program, per-layer names of its shapes)."""
     layers = min(config.num_layers, 2 * layer_period(config))  # scaled_cost's longest written-out program
-    hbm, texts = {}, {}
+    per_layer = {}
     for scanned in (True, False):
         compiled, names = step_program(truncated(config, layers), scanned=scanned)
-        texts[scanned] = compiled.as_text(), names
-        hbm[scanned] = copies.layer_copy_bytes(*texts[scanned], 1 if scanned else layers)
-    extra = max(hbm[True] - hbm[False], 0.0) * config.num_layers
-    return {"scanned_hbm_bytes_per_layer": hbm[True], "written_out_hbm_bytes_per_layer": hbm[False],
-            "scanned_vmem_bytes_per_layer": copies.layer_copy_bytes(*texts[True], 1, memory="VMEM"),
+        per_layer[scanned] = copies.layer_copy_bytes(compiled.as_text(), names, 1 if scanned else layers)
+    extra = max(per_layer[True]["HBM"] - per_layer[False]["HBM"], 0.0) * config.num_layers
+    return {"scanned_hbm_bytes_per_layer": per_layer[True]["HBM"],
+            "written_out_hbm_bytes_per_layer": per_layer[False]["HBM"],
+            "scanned_vmem_bytes_per_layer": per_layer[True]["VMEM"],
             "seconds": 2 * extra / chip.hbm_bytes_per_s if chip.hbm_bytes_per_s else 0.0,
             "how": "the scanned step's HBM copies beyond the written-out step's, written and read once more at the "
                    "published HBM bandwidth"}
