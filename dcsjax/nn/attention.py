@@ -46,6 +46,7 @@ from jax.sharding import PartitionSpec as P
 from dcsjax.nn import loops
 
 F32 = jnp.float32
+HIGHEST = jax.lax.Precision.HIGHEST  # a float32 dot in a Pallas GPU kernel is TensorFloat-32 unless told
 MASKED = -1e30  # finite, so a fully masked (padding) row softmaxes to uniform instead of NaN
 BLOCKWISE_FROM = 1024  # rows at least this long take the blockwise path (bench/passages.py)
 BLOCK = 512  # queries and keys per tile
@@ -296,7 +297,8 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts,
             def update(carry):
                 high, total, summed = carry  # [bq], [bq], [bq, K]
                 cut = pl.ds(j * bk, bk)
-                scores = softcap(jnp.dot(queries, k_ref[cut, :].astype(F32).T, preferred_element_type=F32) * scale, cap)
+                scores = softcap(jnp.dot(queries, k_ref[cut, :].astype(F32).T, precision=HIGHEST,
+                                         preferred_element_type=F32) * scale, cap)
                 seg_k, pos_k = k_seg_ref[cut][None, :], k_pos_ref[cut][None, :]
                 seen = visible(q_index, (j * bk + jnp.arange(bk))[None, :], seg_q, to_q, pos_q, seg_k, pos_k,
                                window_ref[0])
@@ -305,7 +307,7 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts,
                 unnormed = jnp.exp(scores - new_high[:, None])
                 rescale = jnp.exp(high - new_high)
                 return (new_high, total * rescale + unnormed.sum(axis=-1),
-                        summed * rescale[:, None] + jnp.dot(unnormed, v_ref[cut, :].astype(F32),
+                        summed * rescale[:, None] + jnp.dot(unnormed, v_ref[cut, :].astype(F32), precision=HIGHEST,
                                                             preferred_element_type=F32))
 
             return jax.lax.cond(live_ref[j] > 0, update, lambda c: c, carry)

@@ -17,6 +17,7 @@ F MLP width, V vocabulary, L layers.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -280,6 +281,22 @@ def right_padded(lengths: jax.Array, length: int) -> tuple[jax.Array, jax.Array]
     return positions, (positions < lengths[:, None]).astype(jnp.int32)
 
 
+def float32_matmuls(fn):
+    """`fn` traced with float32 matmuls at full float32 precision. JAX's default lets a GPU run them in
+    TensorFloat-32 (a 10-bit mantissa) and a TPU in one bfloat16 pass; the engine promises float32 log-probs
+    (on an H200 a float32 decoder's log-probs were 4.8e-4 nats from the CPU's at the default and 1.9e-6 at
+    full precision: docs/bench/gpu-llama1b-*.json). bfloat16 operands are unaffected: their products are
+    exact in float32 whatever the precision. Transposed matmuls keep the precision their forward one names."""
+
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        with jax.default_matmul_precision("highest"):
+            return fn(*args, **kwargs)
+
+    return traced
+
+
+@float32_matmuls
 def unembed(hidden: jax.Array, rows: jax.Array, cap: float | None) -> jax.Array:
     """The output head: hidden [..., D] against rows of the output matrix [V, D] (or each hidden state's own
     rows [..., K, D], say the option letters) -> float32 logits [..., V] (or [..., K]), soft-capped (Gemma 2).
@@ -349,11 +366,13 @@ def low_rank_update(x: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
     return (x @ a) @ b
 
 
+@float32_matmuls
 def _low_rank_forward(x, a, b):
     xa = x @ a  # [M, r]
     return xa @ b, (x, a, b, xa.T)  # the small [r, M] transpose is the one kept for the backward pass
 
 
+@float32_matmuls  # traced apart, when the gradient is
 def _low_rank_backward(saved, g):  # g [M, out]
     x, a, b, xa_t = saved
     gb_t = jnp.einsum("ro,mo->rm", b, g)  # [r, M]
@@ -554,6 +573,7 @@ def in_order_sum(x: jax.Array) -> jax.Array:
     return total
 
 
+@float32_matmuls
 def decoder_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, cache=None, context=None,
                   mesh=None):
     """-> (x [B, T, D], this layer's (keys, values)). Norms before each part ("pre"), before and after

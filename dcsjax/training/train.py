@@ -102,7 +102,7 @@ def adapted(cfg: TrainConfig, trainable: dict, base: dict, factored: bool = Fals
         if factored:
             layers[name] = LowRank(layers[name], pair["a"], scale * pair["b"])
             continue
-        delta = jnp.einsum("lir,lro->lio", pair["a"], pair["b"]).reshape(layers[name].shape)
+        delta = jnp.einsum("lir,lro->lio", pair["a"], pair["b"], precision="highest").reshape(layers[name].shape)
         layers[name] = layers[name] + scale * delta
     return {**base, "layers": layers}
 
