@@ -60,6 +60,63 @@ def test_kernel_is_float32_from_bfloat16_weights_and_differentiable():
     assert abs(float(grad[1, 2, 5]) - float(numeric)) < 1e-2
 
 
+def dot_precisions(jaxpr) -> list[tuple]:
+    """(precision, its operands' ranks) of every matmul in a traced program, nested programs (scans, checkpoints,
+    kernels) too."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append((eqn.params["precision"], tuple(v.aval.ndim for v in eqn.invars)))
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    found += dot_precisions(inner)
+    return found
+
+
+def test_float32_matmuls_ask_for_full_precision_and_bfloat16_ones_keep_the_default():
+    """A GPU's default float32 matmul is TensorFloat-32 (4.8e-4 nats a token off on an H200, where this was found:
+    docs/bench/gpu-h200-precision-*); no CPU shows it, so what is checked here is what the traced program asks
+    for: every matmul of a float32 decoder (forward, the gradient through a LoRA update, the Pallas kernel) at
+    HIGHEST; in a bfloat16 decoder only the float32 sums taken as dots with a vector (the norms' and the
+    log-prob kernel's), the layers' matmuls at the default."""
+    from dataclasses import replace
+
+    from flax import nnx
+
+    from dcsjax.nn.attention import pallas_attention
+    from dcsjax.nn.decoder import Decoder, LowRank, dense
+    from dcsjax.engine.load import load_config
+    from test_attention import packed_rows
+
+    highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+    tokens = jnp.ones((2, 16), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(16), (2, 16))
+    for dtype in (jnp.float32, jnp.bfloat16):
+        config = replace(load_config("llama-3.1-8b")[0], vocab_size=256, hidden_size=32, num_layers=2, num_heads=4,
+                         num_kv_heads=2, head_dim=8, mlp_size=64)
+        model = Decoder(config, dtype=dtype, rngs=nnx.Rngs(0))
+        graphdef, state = nnx.split(model)
+        forward = jax.make_jaxpr(lambda t: _batch_logprobs(graphdef, 128, None, state, t, positions, jnp.ones_like(t),
+                                                           jnp.zeros_like(t), t))(tokens).jaxpr
+        found = set(dot_precisions(forward))
+        if dtype == jnp.float32:
+            assert {p for p, _ in found} == {highest}, found
+        else:  # the layers' matmuls (rank-3 and more) at the default; full precision only for sums with a vector
+            assert {p for p, ranks in found if ranks[-1] > 1} == {None}, found
+            assert {p for p, ranks in found if ranks[-1] == 1} == {highest}, found
+    x, w, a, b = (jnp.ones(shape) for shape in [(4, 8), (8, 6), (8, 2), (2, 6)])
+    grads = jax.make_jaxpr(jax.grad(lambda a, b: dense("mi,io->mo", x, LowRank(w, a, b)).sum(), (0, 1)))(a, b)
+    assert {p for p, _ in dot_precisions(grads.jaxpr)} == {highest}
+    parts = packed_rows(128, [[(100, False), (28, True)]])  # a question and its option
+    for dtype, expected in ((jnp.float32, highest), (jnp.bfloat16, None)):
+        q = jnp.ones((1, 128, 1, 1, 8), dtype)
+        kernel = jax.make_jaxpr(lambda q: pallas_attention(q, q[:, :, :, 0], q[:, :, :, 0], parts, 1.0, None,
+                                                           interpret=True))(q)
+        assert {p for p, _ in dot_precisions(kernel.jaxpr)} == {expected}, dtype
+
+
 @pytest.mark.slow
 def test_kernel_on_real_hidden_states_matches_float64(smollm2):
     ids = smollm2.encode([PASSAGE])[0][:200]

@@ -24,9 +24,9 @@ score depend on its offset, and a row of one tile gains nothing from tiling. CPU
 path by default.
 
 `pallas_attention` is the same tiled computation as one Pallas kernel, for GPUs. It is checked in Pallas'
-interpret mode on CPU against the dense path; it has never run on a GPU (none has been lent to this
-project), so it is not the default anywhere yet: `DCSJAX_LONG_ROWS=pallas` selects it for long rows
-(`bench/gpu_llama1b.py` measures both on a device).
+interpret mode on CPU against the dense path, and compiled on one H200 it matched the dense path within 1.2e-6
+in float32 (`bench/gpu_llama1b.py`'s check); its speed there against the blockwise path is not yet known for the
+current code, so it is not the default anywhere: `DCSJAX_LONG_ROWS=pallas` selects it for long rows.
 
 On TPU long rows go through JAX's splash kernel (`splash_attention`, under `shard_map` on a mesh), which masks
 by a static causal or local mask and segment equality: rows of one sequence from column 0, which the scorer
@@ -46,7 +46,6 @@ from jax.sharding import PartitionSpec as P
 from dcsjax.nn import loops
 
 F32 = jnp.float32
-HIGHEST = jax.lax.Precision.HIGHEST  # a float32 dot in a Pallas GPU kernel is TensorFloat-32 unless told
 MASKED = -1e30  # finite, so a fully masked (padding) row softmaxes to uniform instead of NaN
 BLOCKWISE_FROM = 1024  # rows at least this long take the blockwise path (bench/passages.py)
 BLOCK = 512  # queries and keys per tile
@@ -286,6 +285,8 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts,
     keys, values = jnp.moveaxis(k, 2, 1), jnp.moveaxis(v, 2, 1)  # [B, N, S, K]
     live = parts.live_tiles(bq, bk, per_row=True).astype(jnp.int32)  # [B, T / bq, S / bk]
     window = jnp.broadcast_to(jnp.asarray(parts.window, jnp.int32), (1,))
+    # Triton's float32 dot is TensorFloat-32 unless told (the decoder's rule: nn.decoder.float32_matmuls)
+    precision = jax.lax.Precision.HIGHEST if q.dtype == F32 else None
 
     def kernel(q_ref, k_ref, v_ref, q_seg_ref, q_to_ref, q_pos_ref, k_seg_ref, k_pos_ref, live_ref, window_ref, o_ref):
         i = pl.program_id(2)
@@ -297,7 +298,7 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts,
             def update(carry):
                 high, total, summed = carry  # [bq], [bq], [bq, K]
                 cut = pl.ds(j * bk, bk)
-                scores = softcap(jnp.dot(queries, k_ref[cut, :].astype(F32).T, precision=HIGHEST,
+                scores = softcap(jnp.dot(queries, k_ref[cut, :].astype(F32).T, precision=precision,
                                          preferred_element_type=F32) * scale, cap)
                 seg_k, pos_k = k_seg_ref[cut][None, :], k_pos_ref[cut][None, :]
                 seen = visible(q_index, (j * bk + jnp.arange(bk))[None, :], seg_q, to_q, pos_q, seg_k, pos_k,
@@ -307,7 +308,7 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, parts: MaskParts,
                 unnormed = jnp.exp(scores - new_high[:, None])
                 rescale = jnp.exp(high - new_high)
                 return (new_high, total * rescale + unnormed.sum(axis=-1),
-                        summed * rescale[:, None] + jnp.dot(unnormed, v_ref[cut, :].astype(F32), precision=HIGHEST,
+                        summed * rescale[:, None] + jnp.dot(unnormed, v_ref[cut, :].astype(F32), precision=precision,
                                                             preferred_element_type=F32))
 
             return jax.lax.cond(live_ref[j] > 0, update, lambda c: c, carry)

@@ -18,6 +18,7 @@ F MLP width, V vocabulary, L layers.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from typing import NamedTuple
 
@@ -281,22 +282,31 @@ def right_padded(lengths: jax.Array, length: int) -> tuple[jax.Array, jax.Array]
     return positions, (positions < lengths[:, None]).astype(jnp.int32)
 
 
-def float32_matmuls(fn):
-    """`fn` traced with float32 matmuls at full float32 precision. JAX's default lets a GPU run them in
-    TensorFloat-32 (a 10-bit mantissa) and a TPU in one bfloat16 pass; the engine promises float32 log-probs
-    (on an H200 a float32 decoder's log-probs were 4.8e-4 nats from the CPU's at the default and 1.9e-6 at
-    full precision: docs/bench/gpu-llama1b-*.json). bfloat16 operands are unaffected: their products are
-    exact in float32 whatever the precision. Transposed matmuls keep the precision their forward one names."""
+def float32_matmuls(stream: str):
+    """The decorated function traced with its matmuls at full float32 precision when its argument `stream` is
+    float32. JAX's default lets a GPU run float32 matmuls in TensorFloat-32 (a 10-bit mantissa) and a TPU in
+    one bfloat16 pass, and the engine promises float32 log-probs: on an H200 a float32 decoder's log-probs were
+    4.8e-4 nats from the CPU's at the default, 1.9e-6 at full precision (docs/bench/gpu-h200-precision-*).
+    A bfloat16 model keeps the default: its products of bfloat16 values are exact in float32 either way, and
+    the float32 ones (attention weights times values) end rounded to bfloat16, coarser than TensorFloat-32.
+    Transposed matmuls (the backward pass) keep the precision their forward one names."""
 
-    @functools.wraps(fn)
-    def traced(*args, **kwargs):
-        with jax.default_matmul_precision("highest"):
-            return fn(*args, **kwargs)
+    def wrap(fn):
+        signature = inspect.signature(fn)
 
-    return traced
+        @functools.wraps(fn)
+        def traced(*args, **kwargs):
+            if signature.bind(*args, **kwargs).arguments[stream].dtype != F32:
+                return fn(*args, **kwargs)
+            with jax.default_matmul_precision("highest"):
+                return fn(*args, **kwargs)
+
+        return traced
+
+    return wrap
 
 
-@float32_matmuls
+@float32_matmuls("hidden")
 def unembed(hidden: jax.Array, rows: jax.Array, cap: float | None) -> jax.Array:
     """The output head: hidden [..., D] against rows of the output matrix [V, D] (or each hidden state's own
     rows [..., K, D], say the option letters) -> float32 logits [..., V] (or [..., K]), soft-capped (Gemma 2).
@@ -323,6 +333,7 @@ def attention_masks(c: DecoderConfig, positions, segment_ids, attend_to=None, *,
     return Masks(glob, parts._replace(window=c.sliding_window).dense())
 
 
+@float32_matmuls("x")  # also outside a block: the final norm
 def row_sum(x: jax.Array) -> jax.Array:
     """Sum over the last axis as a dot with ones. XLA's CPU reductions vectorise differently with the
     batch shape, so a row's sum would change in its last bits with the batch size; its dot kernels
@@ -341,6 +352,7 @@ class LowRank(NamedTuple):
     b: jax.Array  # [r, out]
 
 
+@float32_matmuls("x")  # also where a block is not around it (training's top layers)
 def dense(spec: str, x: jax.Array, w: jax.Array | LowRank) -> jax.Array:
     """A weight matmul accumulated in float32, the result in x's dtype. For bfloat16 this is what XLA
     would compute anyway, but asked for explicitly it runs as a bfloat16 x bfloat16 -> float32 kernel
@@ -366,13 +378,13 @@ def low_rank_update(x: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
     return (x @ a) @ b
 
 
-@float32_matmuls
+@float32_matmuls("x")
 def _low_rank_forward(x, a, b):
     xa = x @ a  # [M, r]
     return xa @ b, (x, a, b, xa.T)  # the small [r, M] transpose is the one kept for the backward pass
 
 
-@float32_matmuls  # traced apart, when the gradient is
+@float32_matmuls("g")  # traced apart, when the gradient is
 def _low_rank_backward(saved, g):  # g [M, out]
     x, a, b, xa_t = saved
     gb_t = jnp.einsum("ro,mo->rm", b, g)  # [r, M]
@@ -573,7 +585,7 @@ def in_order_sum(x: jax.Array) -> jax.Array:
     return total
 
 
-@float32_matmuls
+@float32_matmuls("x")
 def decoder_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, cache=None, context=None,
                   mesh=None):
     """-> (x [B, T, D], this layer's (keys, values)). Norms before each part ("pre"), before and after
