@@ -40,6 +40,15 @@ from dcsjax.eval.tables import render
 TERNARY_T = 0.75
 
 
+# statistics as named functions: the bootstrap compiles a statistic once per data shape, keyed on the function
+def ece_by_mass(d):
+    return ece(d, scheme="mass")
+
+
+def ternary_at_t(d):
+    return ternary_score(d, TERNARY_T)
+
+
 @dataclass
 class ModelResults:
     name: str
@@ -121,9 +130,9 @@ def metric_rows(models: dict[str, ModelResults], n_boot: int = 1000) -> list[dic
                     add("abstention", mean_ci([r["abstained"] for r in records], n_boot))
                     add("brier", bootstrap_ci(brier_score, d, n_boot))
                     add("ece", bootstrap_ci(ece, d, n_boot))
-                    add("ece_mass", bootstrap_ci(lambda x: ece(x, scheme="mass"), d, n_boot))
+                    add("ece_mass", bootstrap_ci(ece_by_mass, d, n_boot))
                     add("aurc", bootstrap_ci(aurc, d, n_boot))
-                    add(f"ternary_t{TERNARY_T}", bootstrap_ci(lambda x: ternary_score(x, TERNARY_T), d, n_boot))
+                    add(f"ternary_t{TERNARY_T}", bootstrap_ci(ternary_at_t, d, n_boot))
             if "aps" in by_protocol and "apx" in by_protocol:
                 aps = {r["id"]: r["correct"] for r in by_protocol["aps"]}
                 pairs = [(float(r["correct"]), float(aps[r["id"]])) for r in by_protocol["apx"] if r["id"] in aps]
