@@ -287,8 +287,9 @@ def float32_matmuls(stream: str):
     float32. JAX's default lets a GPU run float32 matmuls in TensorFloat-32 (a 10-bit mantissa) and a TPU in
     one bfloat16 pass, and the engine promises float32 log-probs: on an H200 a float32 decoder's log-probs were
     4.8e-4 nats from the CPU's at the default, 1.9e-6 at full precision (docs/bench/gpu-h200-precision-*).
-    A bfloat16 model keeps the default: its products of bfloat16 values are exact in float32 either way, and
-    the float32 ones (attention weights times values) end rounded to bfloat16, coarser than TensorFloat-32.
+    A bfloat16 model's layer matmuls keep the default: its products of bfloat16 values are exact in float32
+    either way, and the float32 ones (attention weights times values) end rounded to bfloat16, coarser than
+    TensorFloat-32; its float32 sums taken as dots (`row_sum`: the norms, the log-softmax) take full precision.
     Transposed matmuls (the backward pass) keep the precision their forward one names."""
 
     def wrap(fn):
