@@ -163,14 +163,20 @@ def test_export_reads_back_in_dcsjax_and_transformers(name, tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_run_resumes_where_it_stopped(small_features, tmp_path):
+    from dcsjax.training.train import _logits, _train_step
+
     scorer = scorer_for(SMOL)
     cfg = TrainConfig(arm="dcs+ce", steps=6, batch_size=4, eval_every=3, ce_warmup=2, learning_rate=1e-4)
     train_set, dev_set = small_features["train"], small_features["dev"]
     straight = train(scorer.model, train_set, dev_set, cfg, tmp_path / "straight", 2, progress=False)
     first = train(scorer.model, train_set, dev_set, cfg, tmp_path / "killed", 2, progress=False, until=4)
     assert first["steps"] == 4
+    compiled = _train_step._cache_size(), _logits._cache_size()
     resumed = train(scorer.model, train_set, dev_set, cfg, tmp_path / "killed", 2, progress=False)
     assert resumed["steps"] == 6
+    # the restored state is placed as a fresh one: the resumed run compiles neither its update nor its dev
+    # logits again (orbax restores committed arrays; left uncommitted, a fresh run's were another cache key)
+    assert (_train_step._cache_size(), _logits._cache_size()) == compiled
     for a, b in zip(jax.tree.leaves(straight["best"]), jax.tree.leaves(resumed["best"])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert [e["step"] for e in resumed["history"]] == [0, 3, 6]

@@ -244,23 +244,36 @@ def predict_logits(c, params, embedding, features: LetterFeatures, batch_size: i
 
 def distributions(logits: np.ndarray, features: LetterFeatures) -> Distributions:
     """The option+IDK distribution: the letters' next-token probabilities renormalised over the letters."""
-    probs = jax.nn.softmax(jnp.where(features.valid, logits, -jnp.inf), axis=-1)
-    return Distributions(probs, jnp.asarray(features.correct), jnp.asarray(features.idk), jnp.asarray(features.valid))
+    return _distributions(logits, features.correct, features.idk, features.valid)
+
+
+@jax.jit
+def _distributions(logits, correct, idk, valid) -> Distributions:
+    return Distributions(jax.nn.softmax(jnp.where(valid, logits, -jnp.inf), axis=-1), correct, idk, valid)
 
 
 def selection_score(cfg: TrainConfig, logits: np.ndarray, dev: LetterFeatures) -> float:
     """What picks a run's best step and stops it early, on the dev split: the arm's own objective. DCS at
     the run's loadings for the DCS arms; minus the cross-entropy for "ce" (plain fine-tuning selects by its
     own loss, not by the score it is compared on: thresholding it for that score comes afterwards)."""
-    if cfg.arm == "ce":
-        return -float(option_ce(jnp.asarray(logits), jnp.asarray(dev.correct), jnp.asarray(dev.valid)))
-    d = distributions(logits, dev)
-    return float(jnp.mean(dcs(*option_masses(*d), cfg.lc, cfg.lw)))
+    return float(_selection_score(cfg.arm == "ce", cfg.lc, cfg.lw, logits, dev.correct, dev.idk, dev.valid))
+
+
+@partial(jax.jit, static_argnums=(0,))  # one program per arm kind and split shape (op by op: dozens)
+def _selection_score(by_ce: bool, lc, lw, logits, correct, idk, valid) -> jax.Array:
+    if by_ce:
+        return -option_ce(logits, correct, valid)
+    return jnp.mean(dcs(*option_masses(*_distributions(logits, correct, idk, valid)), lc, lw))
 
 
 def abstention_metrics(d: Distributions) -> dict[str, float]:
     """Every abstention metric (`metrics.calibration.ABSTENTION_METRICS`) of the distributions, as floats."""
-    return {name: float(metric(d)) for name, metric in ABSTENTION_METRICS.items()}
+    return {name: float(value) for name, value in jax.device_get(_abstention_metrics(d)).items()}
+
+
+@jax.jit  # all of them in one program
+def _abstention_metrics(d: Distributions) -> dict[str, jax.Array]:
+    return {name: metric(d) for name, metric in ABSTENTION_METRICS.items()}
 
 
 # ------------------------------------------------------------------------------------------------ loop
@@ -391,9 +404,7 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
         base, params, embedding = on_mesh(mesh, c, base, params, embedding)
     optimizer = optimizer_for(cfg)
     static, weights = step_settings(cfg)
-    state = TrainState.start(params, optimizer.init(params))
-    if mesh is not None:
-        state.opt_state = as_returned(mesh, state.opt_state)
+    state = TrainState.start(*as_returned(mesh, (params, optimizer.init(params))))
     checkpoints = Checkpointer(run_dir / "checkpoints")
     resumed = checkpoints.restore(state)
     if resumed is not None:
@@ -473,9 +484,14 @@ def on_mesh(mesh, c, base: dict, trainable: dict, embedding: jax.Array):
 
 
 def as_returned(mesh, tree):
-    """The arrays placed as the jitted update returns them: specs without trailing `None`s (P(None, 'model')
-    for P(None, 'model', None): the same layout, but another key in jit's cache) and what sits on one device
-    (optax's step count) replicated over the mesh. Placed otherwise, the second update compiles again."""
+    """The arrays placed as the jitted update returns them and as a restored checkpoint holds them, so that
+    neither the second update nor a resumed run's first compiles again. Without a mesh: committed to the
+    device (orbax restores committed arrays, and jit keys its cache on that). On a mesh: specs without trailing
+    `None`s (P(None, 'model') for P(None, 'model', None): the same layout, but another key in jit's cache) and
+    what sits on one device (optax's step count) replicated over the mesh."""
+    if mesh is None:
+        return jax.device_put(tree, jax.devices()[0])
+
     def settle(x):
         if isinstance(x.sharding, NamedSharding):
             spec = list(x.sharding.spec)
