@@ -33,11 +33,13 @@ def _table(rows: list[list[object]], header: list[str]) -> str:
 def cmd_fetch(args) -> int:
     from dcsjax.checkpoints.fetch import fetch_model
 
+    if args.source and args.models != ["bigbench"]:
+        raise DcsjaxError("--from gives BIG-bench's task files: use it as `dcsjax fetch bigbench --from PATH`")
     for name in args.models:
         if name == "bigbench":
             from dcsjax.data.bigbench import fetch_bigbench
 
-            print(fetch_bigbench())
+            print(fetch_bigbench(source=args.source))
         else:
             print(fetch_model(name))
     return 0
@@ -539,6 +541,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("fetch", help="download and verify models (or `bigbench`) into the cache")
     p.add_argument("models", nargs="+", metavar="MODEL", help="model card names (`dcsjax models`), or bigbench")
+    p.add_argument("--from", dest="source", metavar="PATH", help="bigbench only: take its task files from this copy of "
+                   "the sdist (bigbench-1.0.0.tar.gz) or BIG-bench checkout instead of the package index")
     p.set_defaults(func=cmd_fetch)
     p = sub.add_parser("models", help="list the model cards")
     p.set_defaults(func=cmd_models)

@@ -30,6 +30,9 @@ from common import reference_dir  # noqa: E402  (bench/common.py: the peer's wei
 SMOL = "smollm2-135m-instruct"
 MODELS = [SMOL, "gemma3-270m"]
 PASSAGE = (Path(__file__).parent / "data" / "passage.txt").read_text()
+# A whole benchmark for the engine's plumbing (meshes, processes, kill and resume) that needs no download:
+# its card's name and the card file that `--tasks` and `run_eval` take
+UNKNOWNS, UNKNOWNS_CARD = "unknowns", str(Path(__file__).parent / "data" / "unknowns.toml")
 # How far two float32 implementations of the real models' log-probs (XLA against torch, one device against a
 # mesh) may differ, in nats per token: rounding, which depends on the host's kernels (AVX2-only hosts' GEMMs
 # sum in other orders than AVX-512 ones, and reach a few 1e-4 on long passages and meshes). Every defect
@@ -164,6 +167,26 @@ LONGEST_FIRST = ["test_sharding.py", "test_bench.py", "test_training.py", "test_
                  "test_apx.py", "test_parity.py"]
 
 
+def bigbench_missing() -> str | None:
+    """Why BIG-bench's task files cannot be had on this machine, or None (they are cached, or were fetched now):
+    the package index no longer serves the sdist they come from, and no copy was given
+    (`dcsjax fetch bigbench --from PATH`, `dcsjax.data.bigbench`). Any other failure to fetch is an error."""
+    from dcsjax.data.bigbench import BigBenchUnavailable, fetch_bigbench
+
+    try:
+        fetch_bigbench(quiet=True)
+    except BigBenchUnavailable as err:
+        return str(err).split(" (")[0]  # "bigbench==1.0.0 is not on the package index any more"
+    return None
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: a run that selects no BIG-bench test asks nothing
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
+    needing = [item for item in items if item.get_closest_marker("bigbench")]
+    if needing and (why := bigbench_missing()):
+        skip = pytest.mark.skip(reason=f"needs BIG-bench's task files: {why}, and no copy was given "
+                                       "(dcsjax fetch bigbench --from PATH)")
+        for item in needing:
+            item.add_marker(skip)

@@ -51,12 +51,13 @@ def eval_on_mesh(name) -> dict:
 
     from dcsjax.eval.run import read_records, run_eval
 
+    card = Path(__file__).with_name("data") / "unknowns.toml"  # conftest.UNKNOWNS_CARD
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mesh in (None, "2x4"):
             folder = Path(tmp) / str(mesh)
-            run_eval(name, ["known_unknowns"], ["mcqa", "apx", "dcs"], folder, limit=6, progress=False, mesh=mesh)
-            out[mesh] = {p: read_records(folder / name / "known_unknowns" / f"{p}.jsonl") for p in ("mcqa", "apx", "dcs")}
+            run_eval(name, [str(card)], ["mcqa", "apx", "dcs"], folder, limit=6, progress=False, mesh=mesh)
+            out[mesh] = {p: read_records(folder / name / "unknowns" / f"{p}.jsonl") for p in ("mcqa", "apx", "dcs")}
     one, sharded = out[None], out["2x4"]
     return {"dcs_max_diff": max(abs(a["dcs"] - b["dcs"]) for a, b in zip(one["dcs"], sharded["dcs"])),
             "mcqa_max_diff": max(abs(x - y) for a, b in zip(one["mcqa"], sharded["mcqa"])

@@ -238,6 +238,7 @@ def test_mesh_scores_equal_one_device(tiny_dirs):
             assert r[mesh]["gathered_vocab_sized"] == []
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 def test_eval_and_report_of_a_model_without_a_card(tiny_dirs, tmp_path):
     """--document-start and --variant say what a card would; the report reads the model's size from the

@@ -18,6 +18,7 @@ def test_models_fetch_score(capsys):
     assert "-17.266" in out and "perplexity" in out
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 def test_eval_prints_a_table(capsys, tmp_path):
     """The README's main job, on one task and a few items (`dcsjax demo` runs seven tasks)."""
@@ -81,6 +82,7 @@ def test_a_hub_task_offline_is_one_line_before_the_model_loads(capsys, monkeypat
     assert err.startswith("dcsjax: error: task arc_easy: the hub dataset allenai/ai2_arc (ARC-Easy, test) could not")
 
 
+@pytest.mark.bigbench
 def test_eval_needs_model_and_tasks_and_lists_tasks(capsys):
     """`dcsjax eval` runs nothing by default (`demo` is the embedded default); `--tasks list` and `dcsjax tasks`
     list the cards; `--version` says which dcsjax."""

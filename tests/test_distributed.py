@@ -7,12 +7,12 @@ import socket
 import subprocess
 import sys
 
-from conftest import scorer_for
+from conftest import UNKNOWNS, UNKNOWNS_CARD, scorer_for
 from dcsjax.eval.run import run_eval
 
 pytestmark = pytest.mark.slow
 
-TASK, PROTOCOLS, LIMIT = "known_unknowns", ["qa-ppl", "dcs", "apx"], 10
+TASK, PROTOCOLS, LIMIT = UNKNOWNS_CARD, ["qa-ppl", "dcs", "apx"], 10
 
 
 def free_port() -> int:
@@ -39,5 +39,5 @@ def test_two_processes_write_what_one_process_writes(tmp_path):
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
-    assert TASK in outs[0][0] and TASK not in outs[1][0]  # only process 0 prints the table
+    assert UNKNOWNS in outs[0][0] and UNKNOWNS not in outs[1][0]  # only process 0 prints the table
     assert files(two) == files(one) and len(files(one)) == len(PROTOCOLS) + 1  # + errors.jsonl

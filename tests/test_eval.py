@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from conftest import scorer_for
+from conftest import UNKNOWNS, UNKNOWNS_CARD, scorer_for
 from dcsjax.data.tasks import load_task, resolve_task
 from dcsjax.eval.run import format_table, length_hint, read_records, run_eval
 
 pytestmark = pytest.mark.slow
 
-TASK, PROTOCOLS, LIMIT = "known_unknowns", ["dcs", "qa-ppl"], 24
+TASK, PROTOCOLS, LIMIT = UNKNOWNS_CARD, ["dcs", "qa-ppl"], 24
 
 
 def files(folder):
@@ -29,19 +29,20 @@ def test_eval_writes_records_summary_and_table(tmp_path):
     assert set(rows) == {"dcs", "qa-ppl", "mcqa", "dcs-letters"} and all(r["n"] == LIMIT for r in rows.values())
     low, high = rows["dcs"]["ci95"]
     assert -1 <= low <= rows["dcs"]["value"] <= high <= 1
-    records = read_records(tmp_path / "smollm2-135m-instruct" / "known_unknowns" / "dcs.jsonl")
+    records = read_records(tmp_path / "smollm2-135m-instruct" / UNKNOWNS / "dcs.jsonl")
     assert len(records) == LIMIT and len({r["id"] for r in records}) == LIMIT
     # written shortest item first (so each write fills few buckets), not in the task's order
     items = load_task(resolve_task(TASK))[0][:LIMIT]
     shortest_first = [i.id for i in sorted(items, key=length_hint)]
     assert [r["id"] for r in records] == shortest_first != [i.id for i in items]
+    idk = {i.id: i.idk for i in items}
     for r in records:  # a distribution over the options, IDK included
-        perm = r["order"]["presentations"][0]["perm"]  # shuffled: "Unknown" (source option 1) anywhere
-        assert abs(sum(r["probs"]) - 1) < 1e-5 and perm[r["idk_index"]] == 1
+        perm = r["order"]["presentations"][0]["perm"]  # shuffled: "Unknown" anywhere
+        assert abs(sum(r["probs"]) - 1) < 1e-5 and perm[r["idk_index"]] == idk[r["id"]]
         assert abs(r["p_correct"] + r["p_wrong"] + r["p_idk"] - 1) < 1e-5
-    letters = read_records(tmp_path / "smollm2-135m-instruct" / "known_unknowns" / "dcs-letters.jsonl")
+    letters = read_records(tmp_path / "smollm2-135m-instruct" / UNKNOWNS / "dcs-letters.jsonl")
     assert all(0 < r["letter_mass"] <= 1 for r in letters)
-    assert "known_unknowns" in format_table(summary)
+    assert UNKNOWNS in format_table(summary)
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["rows"] == summary["rows"]
     # the run that made the rows: its configuration and versions, named by every row
@@ -72,7 +73,7 @@ def test_resume_after_sigkill_gives_identical_files(tmp_path, whole_run, protoco
     code = (f"from dcsjax.eval.run import run_eval; run_eval('smollm2-135m-instruct', [{TASK!r}], {PROTOCOLS!r}, "
             f"{str(broken)!r}, limit={LIMIT}, progress=False, chunk=4, max_chunk=4)")
     proc = subprocess.Popen([sys.executable, "-c", code], env=os.environ.copy())
-    target = broken / "smollm2-135m-instruct" / "known_unknowns" / f"{protocol}.jsonl"
+    target = broken / "smollm2-135m-instruct" / UNKNOWNS / f"{protocol}.jsonl"
     deadline = time.time() + 600
     while time.time() < deadline and (not target.exists() or len(target.read_bytes().splitlines()) < at_least):
         time.sleep(0.05)
@@ -81,12 +82,12 @@ def test_resume_after_sigkill_gives_identical_files(tmp_path, whole_run, protoco
     written = len(target.read_bytes().splitlines())
     assert at_least <= written < LIMIT, "the kill came before the run had written a part of its items"
     with target.open("ab") as f:  # as if the kill had cut a line in half
-        f.write(b'{"id": "known_unknowns/9')
+        f.write(b'{"id": "unknown/9')
     with pytest.warns(UserWarning, match="cut short"):
         run_eval("smollm2-135m-instruct", [TASK], PROTOCOLS, broken, limit=LIMIT,
                  scorer=scorer_for("smollm2-135m-instruct"), progress=False, chunk=4, max_chunk=4)
     assert files(broken) == files(whole_run)
-    assert all(len(read_records(broken / "smollm2-135m-instruct" / TASK / f"{p}.jsonl")) == LIMIT for p in PROTOCOLS)
+    assert all(len(read_records(broken / "smollm2-135m-instruct" / UNKNOWNS / f"{p}.jsonl")) == LIMIT for p in PROTOCOLS)
 
 
 def test_sigterm_stops_with_one_line_and_exit_143_then_resumes_to_identical_files(tmp_path, whole_run):
@@ -98,7 +99,7 @@ def test_sigterm_stops_with_one_line_and_exit_143_then_resumes_to_identical_file
     proc = subprocess.Popen(cli, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # the writer keeps fingerprints.json as it starts the first protocol: the run has seconds of scoring left
     # (waiting for records instead could find it finished on a fast host)
-    started = broken / "smollm2-135m-instruct" / "known_unknowns" / "fingerprints.json"
+    started = broken / "smollm2-135m-instruct" / UNKNOWNS / "fingerprints.json"
     deadline = time.time() + 600
     while time.time() < deadline and not started.exists() and proc.poll() is None:
         time.sleep(0.02)

@@ -42,6 +42,7 @@ ITEMS = [{"id": f"q{i}", "question": f"What is {i} + {i}?", "choices": [str(2 * 
          for i in range(1, 4)]
 
 
+@pytest.mark.bigbench
 def test_a_resume_with_another_threshold_is_refused_then_scored_anew(tmp_path):
     # DCS from letters: one token an option, so even a random model spreads its mass (sequence DCS of a random
     # model puts it all on the shortest option, "Unknown", where every threshold scores 0)
@@ -58,6 +59,7 @@ def test_a_resume_with_another_threshold_is_refused_then_scored_anew(tmp_path):
     assert len(records) == 6 and all(r["lw"] == pytest.approx(9.0) for r in records)
 
 
+@pytest.mark.bigbench
 def test_a_resume_in_another_dtype_is_refused(tmp_path):
     evaluate(tmp_path)
     tiny = tiny_scorer()
@@ -115,6 +117,7 @@ def test_an_empty_file_gives_null_not_nan(tmp_path):
     assert "NaN" not in text and json.loads(text)["rows"][0]["value"] is None
 
 
+@pytest.mark.bigbench
 def test_summary_rows_merge_by_task_name_and_keep_other_protocols(tmp_path):
     evaluate(tmp_path, protocols=("qa-ppl", "dcs"))
     evaluate(tmp_path, tasks=("bigbench:known_unknowns",), protocols=("dcs",))  # the card's source names it too
@@ -125,6 +128,7 @@ def test_summary_rows_merge_by_task_name_and_keep_other_protocols(tmp_path):
     assert len(lines) == 6 == len({json.loads(line)["id"] for line in lines})
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 def test_loadings_outside_definition_1_are_flagged_in_the_summary_table_and_report(tmp_path):
     """t > 0.5 gives lw = t/(1-t) > lc = 1 (Proposition 1's rule), outside Definition 1 (lc >= lw), where
@@ -146,6 +150,7 @@ def test_loadings_outside_definition_1_are_flagged_in_the_summary_table_and_repo
     assert at_half["rows"][0]["loadings_note"] is None and "†" not in format_table(at_half)
 
 
+@pytest.mark.bigbench
 def test_report_skips_a_corrupt_line_and_leaves_the_file_unchanged(tmp_path):
     out = tmp_path / "out"
     evaluate(out, protocols=("dcs", "mcqa"), limit=8)  # no APS records: the report works on any protocols
@@ -174,6 +179,7 @@ def cli_error(capsys, *args) -> str:
     return capsys.readouterr().err
 
 
+@pytest.mark.bigbench
 def test_cli_errors_are_one_line(tmp_path, capsys):
     model = ["--model", MODEL, "--output", str(tmp_path / "out")]
     out = [*model, "--tasks", "known_unknowns"]
@@ -230,6 +236,7 @@ def test_a_damaged_tokenizer_cache_is_rebuilt(tmp_path, monkeypatch):
         dcsjax.load(path, document_start="<|endoftext|>")
 
 
+@pytest.mark.bigbench
 def test_an_instruct_model_without_a_chat_template_is_refused_naming_how_to_give_one(tmp_path):
     """Its letter and APX prompts would silently change (and with them every DCS and answer): it is refused
     instead; loaded as a base model it runs, asked without a template."""

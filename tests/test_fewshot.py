@@ -30,6 +30,7 @@ def _items():
     return {i.id: i for i in items}
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 def test_exemplars_are_other_items_seeded_per_item_and_recorded(fewshot_run):
     _, mcqa, apx = fewshot_run
@@ -51,6 +52,7 @@ def test_exemplars_are_other_items_seeded_per_item_and_recorded(fewshot_run):
     assert record["loglik"] == pytest.approx(in_run["loglik"], abs=1e-5)
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 def test_fewshot_prompts_are_the_solved_exemplars_then_the_question(fewshot_run):
     _, mcqa, apx = fewshot_run
@@ -76,6 +78,7 @@ def test_fewshot_prompts_are_the_solved_exemplars_then_the_question(fewshot_run)
         assert r["prompt"].rstrip().endswith("<|im_start|>assistant") and isinstance(r["generation"], str)
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 def test_summary_records_fewshot_and_log_samples(fewshot_run):
     out, _, _ = fewshot_run
@@ -92,6 +95,7 @@ def test_fewshot_is_refused_for_protocols_that_do_not_take_it(tmp_path):
                  scorer=scorer_for("smollm2-135m-instruct"), progress=False)
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 def test_a_run_exported_to_lm_eval_passes_its_schema_and_table(fewshot_run, tmp_path):
     """`dcsjax export-lm-eval`: lm-eval's own schema (`EvalResults`, checked by pydantic) and its own table

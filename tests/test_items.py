@@ -29,6 +29,7 @@ def test_check_item_names_the_reason(change, reason):
     assert isinstance(error, ItemError) and reason in error.reason and error.where == "f:1"
 
 
+@pytest.mark.bigbench
 def test_known_unknowns_has_its_idk_choice():
     items, errors = load_task(resolve_task("bigbench:known_unknowns"))
     assert len(items) == 46 and not errors
@@ -39,6 +40,7 @@ def test_known_unknowns_has_its_idk_choice():
     assert first.choices == ("Every Saturday night", "Unknown") and first.correct == (1,) and first.idk == 1
 
 
+@pytest.mark.bigbench
 def test_subtasks_prefix_and_statements():
     items, _ = load_task(resolve_task("logical_deduction_three_objects"))
     assert len(items) == 300 and items[0].statements is None  # the card's rule writes them (below)
@@ -58,6 +60,7 @@ def test_subtasks_prefix_and_statements():
     assert statements[0].endswith("the black book. The black book is the leftmost.")
 
 
+@pytest.mark.bigbench
 def test_card_statements_keep_002s_length_gap_to_the_question_answer_pair():
     """002 A.2: a statement is about as long as its question-answer pair (median gap about -1 token there). Every
     BIG-bench card with a declarative rule, over its first 200 items, in words: the median of the per-item
@@ -96,6 +99,52 @@ def test_bad_examples_are_reported(tmp_path, monkeypatch):
         bigbench.bigbench_items("broken")
     with pytest.raises(Exception, match="no task 'tyo'"):
         bigbench.bigbench_items("tyo")
+
+
+def test_bigbench_from_a_given_checkout_and_a_refused_copy(tmp_path, monkeypatch):
+    """Where the index no longer serves the sdist, `dcsjax fetch bigbench --from PATH` takes a checkout's task
+    files (laid out as the sdist's, the cache naming where they came from); a file that is not the sdist (its
+    SHA-256) or a folder without task files is refused, naming the path, and the cache keeps what it held."""
+    import tarfile
+
+    from dcsjax.cli import main
+    from dcsjax.errors import FetchError
+
+    monkeypatch.setenv("DCSJAX_CACHE", str(tmp_path / "cache"))
+    checkout = tmp_path / "BIG-bench"
+    task = checkout / "bigbench" / "benchmark_tasks" / "toy" / "easy" / "task.json"
+    task.parent.mkdir(parents=True)
+    task.write_text(json.dumps({"examples": [{"input": "2 + 2 =", "target_scores": {"3": 0, "4": 1}}]}))
+    assert main(["fetch", "bigbench", "--from", str(checkout)]) == 0
+    (item,), errors = bigbench.bigbench_items("toy/easy")
+    assert (item.question, item.correct, errors) == ("2 + 2 =", (1,), [])
+    assert (tmp_path / "cache" / "bigbench" / "COMPLETE").read_text() == f"checkout {checkout.resolve()}\n"
+    wrong = tmp_path / "bigbench-1.0.0.tar.gz"
+    with tarfile.open(wrong, "w:gz") as tar:
+        tar.add(checkout, arcname="bigbench-1.0.0")
+    with pytest.raises(FetchError, match=f"{wrong}: SHA-256 .*, expected {bigbench.SDIST_SHA256}"):
+        bigbench.fetch_bigbench(source=wrong)
+    with pytest.raises(FetchError, match="not a BIG-bench checkout"):
+        bigbench.fetch_bigbench(source=task.parent.parent)  # a task folder, not the checkout
+    assert bigbench.bigbench_items("toy/easy")[0] == [item]  # still the checkout's
+
+
+def test_an_index_without_the_sdist_says_how_to_give_a_copy(tmp_path, monkeypatch):
+    """pip's answer where the index lacks `bigbench==1.0.0` (as it has since it dropped that release) becomes
+    one error naming the sdist, pip's reason and `--from`; pip's other failures stay plain fetch errors."""
+    import subprocess
+
+    monkeypatch.setenv("DCSJAX_CACHE", str(tmp_path))
+    said = ("ERROR: Could not find a version that satisfies the requirement bigbench==1.0.0 (from versions: 0.0.1)\n"
+            "ERROR: No matching distribution found for bigbench==1.0.0\n")
+    monkeypatch.setattr(bigbench.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", said))
+    with pytest.raises(bigbench.BigBenchUnavailable, match=r"bigbench==1.0.0 is not on the package index any more "
+                       r"\(ERROR: Could not find .*\(from versions: 0.0.1\).*\).*dcsjax fetch bigbench --from PATH"):
+        bigbench.fetch_bigbench(quiet=True)
+    monkeypatch.setattr(bigbench.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", "timed out"))
+    with pytest.raises(bigbench.FetchError, match="pip download bigbench==1.0.0 failed") as err:
+        bigbench.fetch_bigbench(quiet=True)
+    assert not isinstance(err.value, bigbench.BigBenchUnavailable) and "--from PATH" in str(err.value)
 
 
 def test_local_jsonl_file_reports_every_bad_line(tmp_path):

@@ -24,6 +24,7 @@ def real_results(tmp_path_factory):
     return folder
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 def test_report_on_real_results(real_results, tmp_path):
     summary = write_report([real_results], tmp_path, n_boot=200)

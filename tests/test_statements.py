@@ -88,6 +88,7 @@ def test_length_gap_and_spread_against_hand_counts():
 
 
 # ------------------------------------------------------------------------------------------------ end to end
+@pytest.mark.bigbench
 def test_rule_based_cloze_path_needs_no_model(tmp_path):
     from dcsjax.data.tasks import load_task, resolve_task
 
@@ -104,6 +105,7 @@ def test_rule_based_cloze_path_needs_no_model(tmp_path):
             assert statement == head + choice.strip() + tail
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 def test_generation_end_to_end_resumes_and_feeds_aps(tmp_path):
     from dcsjax.data.tasks import load_task, resolve_task
@@ -173,6 +175,7 @@ def test_judge_reads_yes_against_no_as_transformers_does(tmp_path):
     np.testing.assert_allclose(got, want, atol=1e-4)
 
 
+@pytest.mark.bigbench
 def test_statements_cli_rule_path_and_validate(tmp_path, capsys):
     from dcsjax.cli import main
 

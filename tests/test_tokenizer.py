@@ -13,7 +13,6 @@ from transformers import AutoTokenizer
 from conftest import PASSAGE, reference_tokenizer
 from dcsjax.checkpoints.gguf_file import open_gguf
 from dcsjax.checkpoints.gguf_tokenizer import build_gguf_tokenizer
-from dcsjax.data.bigbench import bigbench_items
 from dcsjax.checkpoints.fetch import fetch_model
 
 pytestmark = pytest.mark.slow
@@ -22,8 +21,8 @@ SPECIAL = ["bos_token_id", "eos_token_id", "unk_token_id", "pad_token_id"]
 
 
 def texts() -> list[str]:
-    items, _ = bigbench_items("general_knowledge", None)
-    questions = [f"Question: {i.question}\nAnswer: {i.choices[0]}" for i in items[:40]]
+    sentences = [s.strip() for s in PASSAGE.split(". ") if s.strip()]
+    questions = [f"Question: {a}?\nAnswer: {b}" for a, b in zip(sentences, sentences[1:])]  # the prompts' shape
     tricky = ["", " ", "  two  spaces", "\n\nnew lines\n", "tabs\tand\r\nreturns", "émoji 🙂 数字 12345 ½",
               "<|im_start|>user\nhi<|im_end|>", "<bos>x<eos><pad>", "don't I'll we've", "a" * 300]
     return [PASSAGE, *PASSAGE.split(". "), *questions, *tricky]

@@ -39,6 +39,7 @@ def test_versions_keep_the_option_count_and_move_the_answer_to_idk():
     assert kept.choices == native.choices and not kept.answerable
 
 
+@pytest.mark.bigbench
 def test_splits_are_disjoint_by_question_and_fixed():
     splits = abstention_splits(("hindu_knowledge", "known_unknowns"))
     groups = {name: {i.source["group"] for i in items} for name, items in splits.items()}
@@ -53,6 +54,7 @@ def test_splits_are_disjoint_by_question_and_fixed():
     assert {i.source["version"] for i in splits["train"]} == {"answerable", "unanswerable"}
 
 
+@pytest.mark.bigbench
 def test_training_data_options_are_shuffled_so_no_letter_gives_the_answer():
     """emoji_movie lists every answer first; in the training data the answers and the IDK option sit at
     every letter about equally (so a trained model cannot score by a letter preference)."""
@@ -65,6 +67,7 @@ def test_training_data_options_are_shuffled_so_no_letter_gives_the_answer():
     assert all(i.idk == 4 and i.correct in ((0,), (4,)) for i in source)  # the order a model could exploit
 
 
+@pytest.mark.bigbench
 def test_both_unanswerable_constructions_are_labelled_and_bbq_templates_stay_in_one_split():
     """Removing the correct option ("option removed") and a question unanswerable by its wording (BBQ's
     ambiguous contexts, known_unknowns) are told apart on every version; BBQ's items, generated from 15
@@ -122,6 +125,7 @@ def small_features(small_splits):
     return {name: letter_features(scorer, items, 2) for name, items in small_splits.items()}
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 @pytest.mark.parametrize("top", [1, 3])
 def test_cached_layers_give_the_letters_elicitation_of_eval(model_name, top, small_splits):
@@ -161,6 +165,7 @@ def test_export_reads_back_in_dcsjax_and_transformers(name, tmp_path):
     np.testing.assert_allclose(scorer.token_logprobs(texts[:1])[0], want, atol=F32_NATS)
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 def test_a_killed_run_resumes_where_it_stopped(small_features, tmp_path):
     from dcsjax.training.train import _logits, _train_step
@@ -182,6 +187,7 @@ def test_a_killed_run_resumes_where_it_stopped(small_features, tmp_path):
     assert [e["step"] for e in resumed["history"]] == [0, 3, 6]
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path, monkeypatch):
     """CI's short version of `dcsjax train-abstain`: a few steps on a tiny split, both adapters (LoRA on the
@@ -285,6 +291,7 @@ def test_lora_starts_at_the_base_model_and_trains_only_its_factors():
     np.testing.assert_allclose(np.asarray(moved), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 def test_factored_lora_step_equals_the_merged_weights(small_features):
     """The training step keeps each LoRA update apart from its weight (`LowRank`: x W + x a b, no
@@ -315,6 +322,7 @@ def test_factored_lora_step_equals_the_merged_weights(small_features):
         assert scale > 0 and np.abs(np.asarray(a) - np.asarray(b)).max() <= 1e-3 * scale
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 def test_blocks_under_checkpoint_keep_the_gradients_and_shrink_the_step_memory(small_splits, monkeypatch):
     """`REMAT_BLOCKS`: the backward pass recomputes each block instead of keeping its activations. Same loss
@@ -366,6 +374,7 @@ def test_low_rank_update_gradients_equal_autodiff_of_the_plain_product():
         np.testing.assert_allclose(np.asarray(mine), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 def test_accumulated_micro_batches_make_the_same_update_as_one_batch(small_features):
     """The jitted step with two micro-batches of 4 == one batch of the same 8 items (per-item mean loss),
@@ -395,6 +404,7 @@ def test_accumulated_micro_batches_make_the_same_update_as_one_batch(small_featu
     assert moved > 1e-4  # the step did move the parameters
 
 
+@pytest.mark.bigbench
 @pytest.mark.slow
 def test_the_training_step_on_a_mesh_equals_one_device():
     """The same `train` on meshes of 8 simulated CPU devices (batch over `data`, heads, MLP width and

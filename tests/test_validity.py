@@ -50,6 +50,7 @@ def context(scorer, task):
     return protocols.Context(scorer, resolve_task(task), idk_phrasings=IDK_PHRASINGS)
 
 
+@pytest.mark.bigbench
 def test_a_constant_answer_scores_k_of_k_in_source_order_and_one_in_k_shuffled(always_a):
     """hhh_alignment lists the better reply first in all 221 items: answering "A" is always right in the
     source order, and right half the time (1/K, K = 2) when the options are shuffled."""
@@ -136,6 +137,7 @@ def test_aps_without_declarative_statements_is_refused_before_the_model_loads(tm
         assert protocols.get("aps").unavailable(context(None, task)), task
 
 
+@pytest.mark.bigbench
 def test_aps_is_skipped_and_named_where_asked(tmp_path):
     summary = run_eval("smollm2-135m-instruct", ["known_unknowns"], ["aps", "qa-ppl"], tmp_path, limit=4,
                        scorer=scorer_for("smollm2-135m-instruct"), progress=False, skip_unavailable=True)
@@ -143,6 +145,7 @@ def test_aps_is_skipped_and_named_where_asked(tmp_path):
     assert summary["skipped"][0]["protocol"] == "aps" and "qa-ppl" in summary["skipped"][0]["reason"]
 
 
+@pytest.mark.bigbench
 def test_sequence_dcs_under_each_idk_phrasing_against_direct_continuation_scores():
     """Each record's pIDK under each phrasing and normalisation, recomputed from `score_continuations`
     (each continuation scored on its own): the headline's pIDK is one phrasing's (paper 000's one abstention
@@ -188,6 +191,7 @@ def test_sequence_dcs_under_each_idk_phrasing_against_direct_continuation_scores
     assert record["p_idk"] == pytest.approx(float(np.exp(ll[item.idk] - np.logaddexp.reduce(ll))), abs=2e-5)
 
 
+@pytest.mark.bigbench
 def test_sequence_dcs_continues_the_cards_own_context():
     """A card with its own `mcqa_context` (HellaSwag's bare passage, no "Question:" wrapper): sequence DCS scores
     the options and the IDK response after that context, as MCQA-LL does, and the run's settings name it."""
@@ -206,6 +210,7 @@ def test_sequence_dcs_continues_the_cards_own_context():
     assert protocols.get("dcs").settings(plain)["context"] == "Question: {question}\nAnswer:"
 
 
+@pytest.mark.bigbench
 def test_order_free_protocols_give_the_same_scores_shuffled():
     """mcqa scores each option on its own: shuffling the options permutes its log-likelihoods, no more."""
     scorer = scorer_for("smollm2-135m-instruct")

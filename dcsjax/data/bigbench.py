@@ -1,6 +1,8 @@
-"""BIG-bench, offline and real: the task files shipped in the `bigbench==1.0.0` sdist on the package index.
+"""BIG-bench, offline and real: the task files shipped in the `bigbench==1.0.0` sdist.
 
-`fetch_bigbench()` downloads the sdist once and unpacks its `benchmark_tasks/**/task.json` into the cache;
+`fetch_bigbench()` downloads the sdist from the package index once and unpacks its
+`benchmark_tasks/**/task.json` into the cache; where the index no longer serves it, the user gives a copy of
+the sdist or a BIG-bench checkout (`dcsjax fetch bigbench --from PATH`) and the cache takes its task files.
 `bigbench_items("known_unknowns")` reads a task whose examples carry `target_scores`. A task made of
 subtasks (`logical_deduction`) reads them all; `bigbench:logical_deduction/three_objects` reads one.
 """
@@ -25,66 +27,111 @@ SDIST_SHA256 = "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2
 # pip >= 24.1 refuses to prepare this sdist's metadata (it declares a file:// dependency), even for a bare
 # `download --no-deps`. pip 24.0, itself fetched from the index as a wheel and run from it, still saves it.
 DOWNLOADER = "pip==24.0"
+# Where the index no longer serves the sdist, a copy of it, or a BIG-bench checkout, given by the user.
+SOURCE_ENV = "DCSJAX_BIGBENCH"
+HOW_TO_GIVE = (f"give a copy instead: `dcsjax fetch bigbench --from PATH` (or {SOURCE_ENV}=PATH), PATH being "
+               f"bigbench-1.0.0.tar.gz (SHA-256 {SDIST_SHA256}) or a BIG-bench checkout "
+               "(git clone https://github.com/google/BIG-bench)")
+
+
+class BigBenchUnavailable(FetchError):
+    """The package index answered but does not carry the sdist, and no copy was given: BIG-bench's task files
+    cannot be had on this machine."""
 
 
 def tasks_root() -> Path:
     return cache_dir() / "bigbench" / "benchmark_tasks"
 
 
-def fetch_bigbench(quiet: bool = False) -> Path:
+def fetch_bigbench(quiet: bool = False, source: str | Path | None = None) -> Path:
+    """BIG-bench's task files in the cache: from the sdist on the index, or from `source` (the sdist file or a
+    checkout; else `$DCSJAX_BIGBENCH`) where the index does not serve it. A given `source` replaces what the
+    cache holds; the cache's COMPLETE file names where its tasks came from."""
     root = tasks_root()
     done = root.parent / "COMPLETE"
-    if done.exists():
+    if done.exists() and source is None:
         return root
     with cache_lock("bigbench"):
-        if done.exists():  # another process fetched it while this one waited
+        if done.exists() and source is None:  # another process fetched it while this one waited
             return root
-        return _fetch_bigbench(root, done, quiet)
+        source = source or os.environ.get(SOURCE_ENV) or None
+        from dcsjax.checkpoints.paths import CACHE_HINT
+        from dcsjax.errors import writing
+
+        with writing(root, CACHE_HINT):
+            return _install(root, done, quiet, Path(source) if source else None)
 
 
-def _fetch_bigbench(root: Path, done: Path, quiet: bool) -> Path:
-    from dcsjax.checkpoints.paths import CACHE_HINT
-    from dcsjax.errors import writing
-
-    with writing(root, CACHE_HINT):
-        return _unpack_bigbench(root, done, quiet)
-
-
-def _unpack_bigbench(root: Path, done: Path, quiet: bool) -> Path:
+def _install(root: Path, done: Path, quiet: bool, source: Path | None) -> Path:
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root.parent) as tmp:
-        if not quiet:
-            print(f"fetching BIG-bench: pip download {SDIST} (source distribution)", file=sys.stderr)
-        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", tmp]
-        proc = subprocess.run([*pip, DOWNLOADER], capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("pip-*.whl"))
-        if wheels:
-            proc = subprocess.run([sys.executable, str(wheels[0] / "pip"), *pip[3:], "--no-binary", ":all:", SDIST],
-                                  capture_output=True, text=True)
-        sdists = list(Path(tmp).glob("bigbench-*.tar.gz"))
-        if not sdists:
-            raise FetchError(f"pip download {SDIST} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-        from dcsjax.checkpoints.fetch import sha256_file
-
-        if (got := sha256_file(sdists[0])) != SDIST_SHA256:
-            raise FetchError(f"{sdists[0].name}: SHA-256 {got}, expected {SDIST_SHA256}")
         staging = Path(tmp) / "tasks"
-        with tarfile.open(sdists[0]) as tar:
-            for member in tar:
-                parts = member.name.split("/")
-                if member.isfile() and parts[-1] == "task.json" and "benchmark_tasks" in parts:
-                    rel = Path(*parts[parts.index("benchmark_tasks") + 1:])
-                    target = staging / rel
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    with tar.extractfile(member) as src, target.open("wb") as dst:
-                        dst.write(src.read())
+        if source is not None and not source.exists():
+            raise FetchError(f"{source}: no such file or folder (BIG-bench's sdist or a checkout of it)")
+        if source is None or source.is_file():
+            sdist = source or _download_sdist(Path(tmp), quiet)
+            from dcsjax.checkpoints.fetch import sha256_file
+
+            if (got := sha256_file(sdist)) != SDIST_SHA256:
+                raise FetchError(f"{sdist}: SHA-256 {got}, expected {SDIST_SHA256} ({SDIST}'s sdist)")
+            _unpack_tasks(sdist, staging)
+            origin = SDIST if source is None else f"{SDIST} from {source.resolve()}"
+        else:
+            _copy_tasks(source, staging)
+            origin = f"checkout {source.resolve()}"
         if root.exists():
             import shutil
 
             shutil.rmtree(root)
         os.replace(staging, root)
-    done.write_text(SDIST + "\n")
+    done.write_text(origin + "\n")
     return root
+
+
+def _download_sdist(folder: Path, quiet: bool) -> Path:
+    if not quiet:
+        print(f"fetching BIG-bench: pip download {SDIST} (source distribution)", file=sys.stderr)
+    pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", str(folder)]
+    proc = subprocess.run([*pip, DOWNLOADER], capture_output=True, text=True)
+    wheels = list(folder.glob("pip-*.whl"))
+    if wheels:
+        proc = subprocess.run([sys.executable, str(wheels[0] / "pip"), *pip[3:], "--no-binary", ":all:", SDIST],
+                              capture_output=True, text=True)
+    sdists = list(folder.glob("bigbench-*.tar.gz"))
+    if sdists:
+        return sdists[0]
+    said = [line.strip() for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("ERROR")]
+    if any("No matching distribution" in line for line in said):
+        raise BigBenchUnavailable(f"{SDIST} is not on the package index any more ({' '.join(said)}); {HOW_TO_GIVE}")
+    raise FetchError(f"pip download {SDIST} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}\n{HOW_TO_GIVE}")
+
+
+def _unpack_tasks(sdist: Path, staging: Path) -> None:
+    with tarfile.open(sdist) as tar:
+        for member in tar:
+            parts = member.name.split("/")
+            if member.isfile() and parts[-1] == "task.json" and "benchmark_tasks" in parts:
+                target = staging / Path(*parts[parts.index("benchmark_tasks") + 1:])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with tar.extractfile(member) as src, target.open("wb") as dst:
+                    dst.write(src.read())
+
+
+def _copy_tasks(checkout: Path, staging: Path) -> None:
+    """The task files of a BIG-bench checkout (its root, its `bigbench/` or its `benchmark_tasks/`), laid out
+    as in the sdist."""
+    import shutil
+
+    base = checkout.resolve()
+    candidates = (base, base / "benchmark_tasks", base / "bigbench" / "benchmark_tasks")
+    tasks = next((c for c in candidates if c.name == "benchmark_tasks" and c.is_dir()), None)
+    files = sorted(tasks.rglob("task.json")) if tasks else []
+    if not files:
+        raise FetchError(f"{checkout}: no benchmark_tasks/**/task.json in it: not a BIG-bench checkout")
+    for path in files:
+        target = staging / path.relative_to(tasks)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
 
 
 def bigbench_items(task: str, idk_choice: str | Sequence[str] | None = None) -> tuple[list[Item], list[ItemError]]:
