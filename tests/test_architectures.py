@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import dcsjax
-from conftest import PASSAGE, reference_tokenizer
+from conftest import PASSAGE, UNKNOWNS_CARD, reference_tokenizer
 from dcsjax.errors import ConfigError
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
@@ -238,7 +238,6 @@ def test_mesh_scores_equal_one_device(tiny_dirs):
             assert r[mesh]["gathered_vocab_sized"] == []
 
 
-@pytest.mark.bigbench
 @pytest.mark.slow
 def test_eval_and_report_of_a_model_without_a_card(tiny_dirs, tmp_path):
     """--document-start and --variant say what a card would; the report reads the model's size from the
@@ -248,7 +247,7 @@ def test_eval_and_report_of_a_model_without_a_card(tiny_dirs, tmp_path):
     from dcsjax.cli import main
 
     directory = tiny_dirs / "qwen3"
-    assert main(["eval", "--model", str(directory), "--tasks", "known_unknowns", "--protocols", "qa-ppl,apx",
+    assert main(["eval", "--model", str(directory), "--tasks", UNKNOWNS_CARD, "--protocols", "qa-ppl,apx",
                  "--limit", "3", "--output", str(tmp_path), "--document-start", "<|endoftext|>",
                  "--variant", "base"]) == 0
     models = load_results([tmp_path])

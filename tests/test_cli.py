@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 
+from conftest import UNKNOWNS_CARD
 from dcsjax.cli import main
 
 
@@ -18,21 +19,20 @@ def test_models_fetch_score(capsys):
     assert "-17.266" in out and "perplexity" in out
 
 
-@pytest.mark.bigbench
 @pytest.mark.slow
 def test_eval_prints_a_table(capsys, tmp_path):
     """The README's main job, on one task and a few items (`dcsjax demo` runs seven tasks)."""
-    assert main(["eval", "--model", "smollm2-135m-instruct", "--tasks", "known_unknowns", "--protocols", "qa-ppl,dcs",
+    assert main(["eval", "--model", "smollm2-135m-instruct", "--tasks", UNKNOWNS_CARD, "--protocols", "qa-ppl,dcs",
                  "--limit", "4", "--output", str(tmp_path)]) == 0
     captured = capsys.readouterr()
-    assert "known_unknowns  dcs" in captured.out and "95% CI" in captured.out
-    assert "known_unknowns dcs" in captured.err  # the progress bar
+    assert "unknowns  dcs" in captured.out and "95% CI" in captured.out
+    assert "unknowns dcs" in captured.err  # the progress bar
     assert (tmp_path / "summary.json").exists()
     # the same results as a Markdown table (the records are reused: nothing is scored again)
-    assert main(["eval", "--model", "smollm2-135m-instruct", "--tasks", "known_unknowns", "--protocols", "qa-ppl,dcs",
+    assert main(["eval", "--model", "smollm2-135m-instruct", "--tasks", UNKNOWNS_CARD, "--protocols", "qa-ppl,dcs",
                  "--limit", "4", "--out", str(tmp_path), "--format", "markdown"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("| model ") and lines[1].startswith("|---") and "| known_unknowns " in lines[2]
+    assert lines[0].startswith("| model ") and lines[1].startswith("|---") and "| unknowns " in lines[2]
 
 
 def test_errors_are_one_line_and_exit_2(capsys):
@@ -82,7 +82,6 @@ def test_a_hub_task_offline_is_one_line_before_the_model_loads(capsys, monkeypat
     assert err.startswith("dcsjax: error: task arc_easy: the hub dataset allenai/ai2_arc (ARC-Easy, test) could not")
 
 
-@pytest.mark.bigbench
 def test_eval_needs_model_and_tasks_and_lists_tasks(capsys):
     """`dcsjax eval` runs nothing by default (`demo` is the embedded default); `--tasks list` and `dcsjax tasks`
     list the cards; `--version` says which dcsjax."""
@@ -97,14 +96,18 @@ def test_eval_needs_model_and_tasks_and_lists_tasks(capsys):
     rows = {line.split()[0]: line for line in listed.splitlines() if line and not line.startswith(("task", "-"))}
     assert "test (train)" in rows["arc_easy"] and "all but aps" in rows["arc_easy"]  # the few-shot split, no APS rule
     assert " all " in rows["logical_deduction_three_objects"]  # a statement rule: every protocol
-    # --sizes counts each task's items (BIG-bench from its cached sdist; a hub dataset offline says so)
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out.startswith("dcsjax ")
+
+
+@pytest.mark.bigbench
+def test_tasks_sizes_counts_each_tasks_items(capsys):
+    # BIG-bench from its cached task files; a hub dataset offline says so
     assert main(["tasks", "--sizes"]) == 0
     sized = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith(("known_", "arc_easy"))}
     assert sized["known_unknowns"].split()[-2:] == ["46", "0"]
     assert "offline and not in the cache" in sized["arc_easy"] or sized["arc_easy"].split()[-1] == "0"
-    with pytest.raises(SystemExit) as stop:
-        main(["--version"])
-    assert stop.value.code == 0 and capsys.readouterr().out.startswith("dcsjax ")
 
 
 def test_help_loads_no_model_stack():

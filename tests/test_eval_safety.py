@@ -11,10 +11,11 @@ import json
 import os
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 
-from conftest import scorer_for, tiny_scorer
+from conftest import UNKNOWNS, UNKNOWNS_CARD, scorer_for, tiny_scorer
 from dcsjax.analysis.report import write_report
 from dcsjax.cli import main
 from dcsjax.errors import ConfigError, DiskError
@@ -24,7 +25,7 @@ from dcsjax.eval.results import ResultsError, read_errors, read_records
 MODEL = "smollm2-135m-instruct"
 
 
-def evaluate(output, tasks=("known_unknowns",), protocols=("dcs",), limit=6, scorer=None, **kwargs):
+def evaluate(output, tasks=(UNKNOWNS_CARD,), protocols=("dcs",), limit=6, scorer=None, **kwargs):
     return run_eval(MODEL, list(tasks), list(protocols), output, limit=limit, scorer=scorer or tiny_scorer(),
                     progress=False, **kwargs)
 
@@ -42,7 +43,6 @@ ITEMS = [{"id": f"q{i}", "question": f"What is {i} + {i}?", "choices": [str(2 * 
          for i in range(1, 4)]
 
 
-@pytest.mark.bigbench
 def test_a_resume_with_another_threshold_is_refused_then_scored_anew(tmp_path):
     # DCS from letters: one token an option, so even a random model spreads its mass (sequence DCS of a random
     # model puts it all on the shortest option, "Unknown", where every threshold scores 0)
@@ -55,11 +55,10 @@ def test_a_resume_with_another_threshold_is_refused_then_scored_anew(tmp_path):
         replaced = values(evaluate(out, protocols=letters, threshold=0.9, replace_stale=True))
     fresh = values(evaluate(tmp_path / "fresh", protocols=letters, threshold=0.9))
     assert replaced == fresh and replaced != default
-    records = read_records(out / MODEL / "known_unknowns" / "dcs-letters.jsonl")
+    records = read_records(out / MODEL / UNKNOWNS / "dcs-letters.jsonl")
     assert len(records) == 6 and all(r["lw"] == pytest.approx(9.0) for r in records)
 
 
-@pytest.mark.bigbench
 def test_a_resume_in_another_dtype_is_refused(tmp_path):
     evaluate(tmp_path)
     tiny = tiny_scorer()
@@ -117,18 +116,17 @@ def test_an_empty_file_gives_null_not_nan(tmp_path):
     assert "NaN" not in text and json.loads(text)["rows"][0]["value"] is None
 
 
-@pytest.mark.bigbench
 def test_summary_rows_merge_by_task_name_and_keep_other_protocols(tmp_path):
     evaluate(tmp_path, protocols=("qa-ppl", "dcs"))
-    evaluate(tmp_path, tasks=("bigbench:known_unknowns",), protocols=("dcs",))  # the card's source names it too
+    # the card named by its name, found on an include path, is the same task
+    evaluate(tmp_path, tasks=(UNKNOWNS,), protocols=("dcs",), include_path=(str(Path(UNKNOWNS_CARD).parent),))
     evaluate(tmp_path, protocols=("dcs",))  # a second run into the same folder adds no record twice
     rows = json.loads((tmp_path / "summary.json").read_text())["rows"]
-    assert sorted((r["task"], r["protocol"]) for r in rows) == [("known_unknowns", "dcs"), ("known_unknowns", "qa-ppl")]
-    lines = (tmp_path / MODEL / "known_unknowns" / "dcs.jsonl").read_text().splitlines()
+    assert sorted((r["task"], r["protocol"]) for r in rows) == [(UNKNOWNS, "dcs"), (UNKNOWNS, "qa-ppl")]
+    lines = (tmp_path / MODEL / UNKNOWNS / "dcs.jsonl").read_text().splitlines()
     assert len(lines) == 6 == len({json.loads(line)["id"] for line in lines})
 
 
-@pytest.mark.bigbench
 @pytest.mark.slow
 def test_loadings_outside_definition_1_are_flagged_in_the_summary_table_and_report(tmp_path):
     """t > 0.5 gives lw = t/(1-t) > lc = 1 (Proposition 1's rule), outside Definition 1 (lc >= lw), where
@@ -145,16 +143,15 @@ def test_loadings_outside_definition_1_are_flagged_in_the_summary_table_and_repo
     assert " †" not in next(line for line in table.splitlines() if "mcqa" in line)
     assert "† lw = 3 > lc = 1: outside Definition 1 (lc >= lw); DCS lies in [-3, 1]" in table
     report = write_report([tmp_path / "out"], tmp_path / "report", n_boot=20).read_text()
-    assert f"{MODEL}/known_unknowns/dcs-letters: lw = 3 > lc = 1" in report
+    assert f"{MODEL}/{UNKNOWNS}/dcs-letters: lw = 3 > lc = 1" in report
     at_half = evaluate(tmp_path / "half", protocols=("dcs-letters",), threshold=0.5, limit=3)
     assert at_half["rows"][0]["loadings_note"] is None and "†" not in format_table(at_half)
 
 
-@pytest.mark.bigbench
 def test_report_skips_a_corrupt_line_and_leaves_the_file_unchanged(tmp_path):
     out = tmp_path / "out"
     evaluate(out, protocols=("dcs", "mcqa"), limit=8)  # no APS records: the report works on any protocols
-    path = out / MODEL / "known_unknowns" / "dcs.jsonl"
+    path = out / MODEL / UNKNOWNS / "dcs.jsonl"
     lines = path.read_bytes().splitlines(keepends=True)
     lines[3] = lines[3][:20] + b"\n"
     path.write_bytes(b"".join(lines))
@@ -179,10 +176,9 @@ def cli_error(capsys, *args) -> str:
     return capsys.readouterr().err
 
 
-@pytest.mark.bigbench
 def test_cli_errors_are_one_line(tmp_path, capsys):
     model = ["--model", MODEL, "--output", str(tmp_path / "out")]
-    out = [*model, "--tasks", "known_unknowns"]
+    out = [*model, "--tasks", UNKNOWNS_CARD]
     assert "--limit: must be a whole number of items, at least 1, not '0'" in cli_error(capsys, "eval", "--limit", "0", *out)
     assert "not '-3'" in cli_error(capsys, "eval", "--limit", "-3", *out)
     assert "--seed: must be a whole number of seed values (numpy's generators take no negative seed), at least 0, " \
@@ -200,7 +196,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert f"dcsjax: error: cannot write to {blocker}/out" in cli_error(capsys, "eval", "--model", MODEL, "--tasks",
-                                                                        "known_unknowns", "--output", str(blocker / "out"))
+                                                                        UNKNOWNS_CARD, "--output", str(blocker / "out"))
     rows = tmp_path / "stmts.jsonl"
     rows.write_text(json.dumps({"id": "x", "choices": ["a", "b"], "statements": ["A.", "B."]}) + "\n")
     assert f"dcsjax: error: {rows}:1: not a statements row: missing field question" in \
@@ -236,7 +232,6 @@ def test_a_damaged_tokenizer_cache_is_rebuilt(tmp_path, monkeypatch):
         dcsjax.load(path, document_start="<|endoftext|>")
 
 
-@pytest.mark.bigbench
 def test_an_instruct_model_without_a_chat_template_is_refused_naming_how_to_give_one(tmp_path):
     """Its letter and APX prompts would silently change (and with them every DCS and answer): it is refused
     instead; loaded as a base model it runs, asked without a template."""
