@@ -33,6 +33,8 @@ PASSAGE = (Path(__file__).parent / "data" / "passage.txt").read_text()
 # A whole benchmark for the engine's plumbing (meshes, processes, kill and resume) that needs no download:
 # its card's name and the card file that `--tasks` and `run_eval` take
 UNKNOWNS, UNKNOWNS_CARD = "unknowns", str(Path(__file__).parent / "data" / "unknowns.toml")
+# and for the protocols' arithmetic: short factual questions with four options and no IDK option
+QUESTIONS_CARD = str(Path(__file__).parent / "data" / "questions.toml")
 # How far two float32 implementations of the real models' log-probs (XLA against torch, one device against a
 # mesh) may differ, in nats per token: rounding, which depends on the host's kernels (AVX2-only hosts' GEMMs
 # sum in other orders than AVX-512 ones, and reach a few 1e-4 on long passages and meshes). Every defect

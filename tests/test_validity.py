@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from conftest import scorer_for
+from conftest import QUESTIONS_CARD, UNKNOWNS_CARD, scorer_for
 from dcsjax.eval import protocols
 from dcsjax.data.items import Item
 from dcsjax.data.tasks import load_task, resolve_task
@@ -91,14 +91,14 @@ def test_rotation_averages_out_a_letter_preference():
     assert np.allclose(record["probs"], 0.25, atol=1e-6) and len(record["order"]["presentations"]) == 4
     taste = {"red": 0.5, "green": 2.0, "blue": -1.0, "I don't know.": 0.0}.get
     scorer = LetterPreferrer(taste=taste)
-    a = protocols.score(letters, context(scorer, "general_knowledge"), [item], "rotate", 0)[0]
+    a = protocols.score(letters, context(scorer, QUESTIONS_CARD), [item], "rotate", 0)[0]
     b_item = permute(item, (2, 0, 1))  # the same options listed blue, red, green
-    b = protocols.score(letters, context(scorer, "general_knowledge"), [b_item], "rotate", 0)[0]
+    b = protocols.score(letters, context(scorer, QUESTIONS_CARD), [b_item], "rotate", 0)[0]
     by_text = lambda it, r: dict(zip([*it.choices, "I don't know."], r["probs"]))  # noqa: E731
     assert by_text(item, a) == pytest.approx(by_text(b_item, b), abs=1e-6)
     assert a["dcs"] == pytest.approx(b["dcs"], abs=1e-6) and a["choice"] == 1 and a["correct"]
     # under `source`, the same model's answer follows the letter: it picks red, at A
-    assert protocols.score(letters, context(scorer, "general_knowledge"), [item], "source", 0)[0]["choice"] == 0
+    assert protocols.score(letters, context(scorer, QUESTIONS_CARD), [item], "source", 0)[0]["choice"] == 0
 
 
 def test_apx_rotations_vote(always_a):
@@ -137,7 +137,7 @@ def test_aps_without_declarative_statements_is_refused_before_the_model_loads(tm
         assert protocols.get("aps").unavailable(context(None, task)), task
 
 
-@pytest.mark.bigbench
+@pytest.mark.bigbench  # a card with no statement rule (a local file's items may carry their own)
 def test_aps_is_skipped_and_named_where_asked(tmp_path):
     summary = run_eval("smollm2-135m-instruct", ["known_unknowns"], ["aps", "qa-ppl"], tmp_path, limit=4,
                        scorer=scorer_for("smollm2-135m-instruct"), progress=False, skip_unavailable=True)
@@ -145,15 +145,14 @@ def test_aps_is_skipped_and_named_where_asked(tmp_path):
     assert summary["skipped"][0]["protocol"] == "aps" and "qa-ppl" in summary["skipped"][0]["reason"]
 
 
-@pytest.mark.bigbench
 def test_sequence_dcs_under_each_idk_phrasing_against_direct_continuation_scores():
     """Each record's pIDK under each phrasing and normalisation, recomputed from `score_continuations`
     (each continuation scored on its own): the headline's pIDK is one phrasing's (paper 000's one abstention
     response: the first), the set of phrasings ("any") a companion, and its control ("paraphrased": each
     option said as many ways, bare, "The answer is ...", "The answer to this question is ...", summed likewise)."""
     scorer = scorer_for("smollm2-135m-instruct")
-    items = load_task(resolve_task("general_knowledge"))[0][:3]
-    ctx = context(scorer, "general_knowledge")
+    items = load_task(resolve_task(QUESTIONS_CARD))[0][:3]
+    ctx = context(scorer, QUESTIONS_CARD)
     records = protocols.score(protocols.get("dcs"), ctx, items, "source", 0)
     for item, record in zip(items, records):
         question = f"Question: {item.question}\nAnswer:"
@@ -183,23 +182,22 @@ def test_sequence_dcs_under_each_idk_phrasing_against_direct_continuation_scores
     assert set(metrics["dcs_by_idk"]) == {"any", "paraphrased", *ctx.idk_phrasings} and metrics["idk_spread"] >= 0
 
     # an item with an IDK option of its own (known_unknowns' "Unknown"): that option is the headline's IDK
-    item = load_task(resolve_task("known_unknowns"))[0][0]
-    (record,) = protocols.score(protocols.get("dcs"), context(scorer, "known_unknowns"), [item], "source", 0)
+    item = load_task(resolve_task(UNKNOWNS_CARD))[0][0]
+    (record,) = protocols.score(protocols.get("dcs"), context(scorer, UNKNOWNS_CARD), [item], "source", 0)
     question = f"Question: {item.question}\nAnswer:"
     texts = [" " + c for c in item.choices]  # the item's own options, its IDK option among them
     ll = scorer.score_continuations([question] * len(texts), texts)
     assert record["p_idk"] == pytest.approx(float(np.exp(ll[item.idk] - np.logaddexp.reduce(ll))), abs=2e-5)
 
 
-@pytest.mark.bigbench
 def test_sequence_dcs_continues_the_cards_own_context():
     """A card with its own `mcqa_context` (HellaSwag's bare passage, no "Question:" wrapper): sequence DCS scores
     the options and the IDK response after that context, as MCQA-LL does, and the run's settings name it."""
     from dataclasses import replace
 
     scorer = scorer_for("smollm2-135m-instruct")
-    (item,) = load_task(resolve_task("general_knowledge"))[0][:1]
-    plain = context(scorer, "general_knowledge")
+    (item,) = load_task(resolve_task(QUESTIONS_CARD))[0][:1]
+    plain = context(scorer, QUESTIONS_CARD)
     ctx = replace(plain, card=replace(plain.card, mcqa_context="{question}"))
     (record,) = protocols.score(protocols.get("dcs"), ctx, [item], "source", 0)
     texts = [" " + c for c in item.choices] + [" " + ctx.idk_phrasings[0]]
@@ -210,12 +208,11 @@ def test_sequence_dcs_continues_the_cards_own_context():
     assert protocols.get("dcs").settings(plain)["context"] == "Question: {question}\nAnswer:"
 
 
-@pytest.mark.bigbench
 def test_order_free_protocols_give_the_same_scores_shuffled():
     """mcqa scores each option on its own: shuffling the options permutes its log-likelihoods, no more."""
     scorer = scorer_for("smollm2-135m-instruct")
-    items = load_task(resolve_task("general_knowledge"))[0][:6]
-    ctx = context(scorer, "general_knowledge")
+    items = load_task(resolve_task(QUESTIONS_CARD))[0][:6]
+    ctx = context(scorer, QUESTIONS_CARD)
     source = protocols.score(protocols.get("mcqa"), ctx, items, "source", 0)
     mixed = protocols.score(protocols.get("mcqa"), ctx, items, "shuffle", 0)
     for a, b in zip(source, mixed):
