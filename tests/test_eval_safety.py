@@ -312,7 +312,7 @@ def test_a_refused_write_is_one_line_naming_the_file_and_keeps_what_was_written(
 
 
 def test_a_read_only_cache_is_one_line_saying_where_to_cache(tmp_path, monkeypatch):
-    from dcsjax.checkpoints import paths
+    from dcsjax import cache as paths
 
     monkeypatch.setenv("DCSJAX_CACHE", str(tmp_path / "cache"))
 

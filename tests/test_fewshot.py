@@ -126,20 +126,20 @@ def test_a_run_exported_to_lm_eval_passes_its_schema_and_table(fewshot_run, tmp_
 def test_exemplars_come_from_the_cards_fewshot_split(tmp_path, monkeypatch):
     """A hub card with `fewshot_split`: every exemplar is an item of that split (ids `<task>:<split>/...`), none
     of the scored split; the prompt shows them solved; the settings say where they came from. The hub is
-    stood in for by rows of MMLU's schema, per split, through the same `datasets.load_dataset` call."""
+    stood in for by rows of ARC's schema, per split, through the same `datasets.load_dataset` call."""
     import datasets
 
     from conftest import tiny_scorer
     from dcsjax.data.tasks import read_card
 
     def rows(split, n):
-        return [{"question": f"{split} question {i}?", "subject": "toy", "choices": ["w", "x", "y", "z"],
-                 "answer": i % 4} for i in range(n)]
+        return [{"question": f"{split} question {i}?", "choices": {"text": ["w", "x", "y", "z"], "label": list("ABCD")},
+                 "answerKey": "ABCD"[i % 4]} for i in range(n)]
 
     splits = {"test": rows("test", 4), "train": rows("train", 5)}
     monkeypatch.setattr(datasets, "load_dataset", lambda dataset, config, split: splits[split])
     card = tmp_path / "toy_mmlu.toml"
-    card.write_text('name = "toy_mmlu"\nsource = "hub:toy/mmlu"\nschema = "mmlu"\nsplit = "test"\nfewshot_split = "train"\n')
+    card.write_text('name = "toy_mmlu"\nsource = "hub:toy/arc"\nschema = "arc"\nsplit = "test"\nfewshot_split = "train"\n')
     out = tmp_path / "out"
     run_eval("smollm2-135m-instruct", [str(card)], ["mcqa"], out, num_fewshot=2, log_samples=True, scorer=tiny_scorer(),
              progress=False, option_order="source")
@@ -148,7 +148,7 @@ def test_exemplars_come_from_the_cards_fewshot_split(tmp_path, monkeypatch):
     for r in records:
         assert len(r["fewshot"]) == 2 and all(i.startswith("toy_mmlu:train/") for i in r["fewshot"])
         shots = [splits["train"][int(i.rsplit("/", 1)[1])] for i in r["fewshot"]]
-        want = "".join(f"Question: {s['question']}\nAnswer: {s['choices'][s['answer']]}\n\n" for s in shots)
+        want = "".join(f"Question: {s['question']}\nAnswer: {'wxyz'['ABCD'.index(s['answerKey'])]}\n\n" for s in shots)
         assert r["prompt"]["context"].startswith(want) and "test question" in r["prompt"]["context"].split(want)[1]
     (row,) = json.loads((out / "summary.json").read_text())["rows"]
     assert row["settings"]["fewshot_from"] == "the train split"

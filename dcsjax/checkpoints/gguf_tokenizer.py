@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 
 from dcsjax.errors import CheckpointError
-from dcsjax.checkpoints.paths import cache_dir
+from dcsjax.cache import cache_dir
 
 
 def gguf_tokenizer_parts(file, source: str) -> tuple[str, dict, dict]:

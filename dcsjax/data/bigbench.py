@@ -20,7 +20,7 @@ from typing import Sequence
 
 from dcsjax.data.items import Item, ItemError, check_item
 from dcsjax.errors import DcsjaxError, FetchError
-from dcsjax.checkpoints.paths import cache_dir, cache_lock
+from dcsjax.cache import cache_dir, cache_lock, sha256_file
 
 SDIST = "bigbench==1.0.0"
 SDIST_SHA256 = "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2"
@@ -55,7 +55,7 @@ def fetch_bigbench(quiet: bool = False, source: str | Path | None = None) -> Pat
         if done.exists() and source is None:  # another process fetched it while this one waited
             return root
         source = source or os.environ.get(SOURCE_ENV) or None
-        from dcsjax.checkpoints.paths import CACHE_HINT
+        from dcsjax.cache import CACHE_HINT
         from dcsjax.errors import writing
 
         with writing(root, CACHE_HINT):
@@ -70,8 +70,6 @@ def _install(root: Path, done: Path, quiet: bool, source: Path | None) -> Path:
             raise FetchError(f"{source}: no such file or folder (BIG-bench's sdist or a checkout of it)")
         if source is None or source.is_file():
             sdist = source or _download_sdist(Path(tmp), quiet)
-            from dcsjax.checkpoints.fetch import sha256_file
-
             if (got := sha256_file(sdist)) != SDIST_SHA256:
                 raise FetchError(f"{sdist}: SHA-256 {got}, expected {SDIST_SHA256} ({SDIST}'s sdist)")
             _unpack_tasks(sdist, staging)

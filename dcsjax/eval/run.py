@@ -63,7 +63,7 @@ def protocol_settings(protocol: str, ctx, order: str, seed: int) -> dict:
 
 def task_identity(card, items, statements_file: Path | None) -> dict:
     """The task's card and a digest of every item it holds (so a changed source file is a changed task)."""
-    from dcsjax.checkpoints.fetch import sha256_file
+    from dcsjax.cache import sha256_file
     from dcsjax.data.tasks import local_file
 
     rows = [[i.id, i.question, list(i.choices), list(i.correct), i.statements and list(i.statements), i.idk]
@@ -101,8 +101,8 @@ def idk_warnings(metrics: dict, low: float | None, high: float | None) -> list[s
 
 
 def check_arguments(protocols: Sequence[str], limit: int | None, threshold: float | None,
-                    option_order: str = DEFAULT_ORDER, idk_phrasings: Sequence[str] = ("I don't know.",)
-                    ) -> tuple[float, float]:
+                    option_order: str = DEFAULT_ORDER, idk_phrasings: Sequence[str] = ("I don't know.",),
+                    sample: int | None = None) -> tuple[float, float]:
     """Clear errors before anything is loaded. -> (lc, lw)."""
     from dcsjax.metrics.dcs import loadings_from_threshold
 
@@ -114,8 +114,11 @@ def check_arguments(protocols: Sequence[str], limit: int | None, threshold: floa
     if unknown or not protocols:
         raise ConfigError(f"unknown protocol {', '.join(map(repr, unknown)) or '(none given)'}; known: "
                           f"{', '.join(PROTOCOLS)}")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ConfigError(f"limit must be a whole number of items, at least 1, not {limit!r}")
+    for name, value in (("limit", limit), ("sample", sample)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{name} must be a whole number of items, at least 1, not {value!r}")
+    if limit is not None and sample is not None:
+        raise ConfigError("limit (the first N items) and sample (N items drawn by the seed) exclude each other")
     if threshold is None:
         return 1.0, 1.0
     try:
@@ -148,6 +151,7 @@ class EvalConfig:
     protocols: tuple[str, ...]
     output: Path
     limit: int | None = None
+    sample: int | None = None  # instead of the first `limit`: N items of each task drawn with `seed` (`sample_items`)
     threshold: float | None = None
     batch_size: int | str = 16  # or "auto" (`engine.batches.auto_batch_size`)
     dtype: str = "float32"
@@ -182,7 +186,8 @@ class EvalConfig:
     @property
     def loadings(self) -> tuple[float, float]:
         """(lc, lw), once the arguments are checked (clear errors before anything loads)."""
-        return check_arguments(self.protocols, self.limit, self.threshold, self.option_order, self.idk_phrasings)
+        return check_arguments(self.protocols, self.limit, self.threshold, self.option_order, self.idk_phrasings,
+                               self.sample)
 
     def run_record(self, cards, model_identity: dict) -> dict:
         """The run as summary.json names it (its rows point at it): this configuration, the resolved task
@@ -285,12 +290,26 @@ def _plan(config: EvalConfig, cards) -> tuple[list, list[dict]]:
     return plan, skipped
 
 
+SAMPLE_SALT = 104729  # the sample's own random stream, apart from the option shuffle and exemplars of the same seed
+
+
+def sample_items(items, n: int, seed: int) -> list:
+    """n of the items (all where there are fewer) drawn without replacement by `seed`, in the task's order: the
+    same seed draws the same items, whatever else the run does."""
+    if n >= len(items):
+        return list(items)
+    picks = np.random.default_rng([seed, SAMPLE_SALT]).choice(len(items), n, replace=False)
+    return [items[int(i)] for i in sorted(picks)]
+
+
 def _load_items(config: EvalConfig, card) -> dict:
     """A task's items, those the run scores (--limit, statements) and every load error, before any model."""
     from dcsjax.data.tasks import fewshot_items, load_task
 
     all_items, load_errors = load_task(card)
     items = all_items[:config.limit] if config.limit is not None else all_items
+    if config.sample is not None:
+        items = sample_items(all_items, config.sample, config.seed)
     if config.statements is not None:
         items, load_errors = _with_statements(items, load_errors, config.statements)
     # exemplars: the card's few-shot split (its rows' errors are reported with the task's), else the task's items

@@ -34,7 +34,7 @@ class Context:
     statements: Callable[[Item], Sequence[str]] | None = None  # APS: from a statements file, else the card's rule
     statements_file: str | None = None
     idk_phrasings: tuple[str, ...] = IDK_PHRASINGS
-    exemplars: Callable[[str], list[Item]] | None = None  # few-shot (`fewshot.Exemplars`): MCQA-LL and APX
+    exemplars: Callable[[Item], list[Item]] | None = None  # few-shot (`fewshot.Exemplars`): MCQA-LL and APX
     log_samples: bool = False  # each record keeps the text the model was given (`prompt`)
 
     def fewshot_settings(self) -> dict:
@@ -103,7 +103,7 @@ def _build() -> dict[str, Protocol]:
                  headline=lambda r: float(r["correct"]["sum"]), answer=lambda r: r["choice"]["sum"],
                  settings=lambda ctx: {"context": "partial (cloze)" if ctx.card.cloze_blank else ctx.card.mcqa_context,
                                        **ctx.fewshot_settings()},
-                 prompt=lambda ctx, item: mcqa.prompt_record(item, ctx.card, ctx.exemplars(item.id) if ctx.exemplars else ())),
+                 prompt=lambda ctx, item: mcqa.prompt_record(item, ctx.card, ctx.exemplars(item) if ctx.exemplars else ())),
         Protocol("apx", PROTOCOL_HELP["apx"],
                  run=lambda ctx, items: apx.run_apx(ctx.scorer, items, ctx.exemplars), summarise=apx.summarise,
                  headline=lambda r: float(r["correct"]), answer=choice, letters=True,
@@ -111,7 +111,7 @@ def _build() -> dict[str, Protocol]:
                                        "chat_template": apx.uses_chat_template(ctx.scorer),
                                        "max_new_tokens": apx.MAX_NEW_TOKENS, **ctx.fewshot_settings()},
                  prompt=lambda ctx, item: ctx.scorer.tokenizer.decode(apx.prompt_ids(
-                     ctx.scorer, item, ctx.exemplars(item.id) if ctx.exemplars else ())),
+                     ctx.scorer, item, ctx.exemplars(item) if ctx.exemplars else ())),
                  merge_rotations=lambda ctx, item, records, perms: apx.merge_rotations(item, records, perms)),
         Protocol("dcs", PROTOCOL_HELP["dcs"],
                  run=lambda ctx, items: dcs.run_dcs_sequences(ctx.scorer, items, ctx.lc, ctx.lw, ctx.idk_phrasings,
@@ -189,7 +189,7 @@ def score(protocol: Protocol, ctx: Context, items: Sequence[Item], order: str, s
             record = {**protocol.merge_rotations(ctx, base, group, ps),
                       "order": {"name": order, "presentations": presentations}}
         if ctx.fewshot_settings() and protocol.name in fewshot.FEWSHOT_PROTOCOLS:
-            record["fewshot"] = [ex.id for ex in ctx.exemplars(base.id)]
+            record["fewshot"] = [ex.id for ex in ctx.exemplars(base)]
         if ctx.log_samples and protocol.prompt is not None:  # one prompt per presentation (rotations: several)
             prompts = [protocol.prompt(ctx, view) for view in views]
             record["prompt"] = prompts[0] if len(prompts) == 1 else prompts

@@ -113,7 +113,7 @@ def parse_answer(generation: str, choices: Sequence[str]) -> tuple[int | None, s
 
 def run_apx(scorer, items: Sequence[Item], exemplars=None) -> list[dict]:
     """exemplars: item id -> solved items shown before it (`fewshot.Exemplars`); none by default."""
-    prompts = [prompt_ids(scorer, item, exemplars(item.id) if exemplars is not None else ()) for item in items]
+    prompts = [prompt_ids(scorer, item, exemplars(item) if exemplars is not None else ()) for item in items]
     generations = greedy_generate(scorer, prompts, MAX_NEW_TOKENS) if items else []
     records = []
     for item, tokens in zip(items, generations):

@@ -75,7 +75,7 @@ def run_mcqa(scorer, items: Sequence[Item], card=None, exemplars=None) -> list[d
     """exemplars: item id -> solved items shown before it (`fewshot.Exemplars`); none by default."""
     if not items:
         return []
-    shots = [exemplars(item.id) if exemplars is not None else [] for item in items]
+    shots = [exemplars(item) if exemplars is not None else [] for item in items]
     if card is not None and card.cloze_blank is not None:
         parts = [contexts_and_continuations(item, card, ex) for item, ex in zip(items, shots)]
         flat = scorer.option_logprobs([c for contexts, _ in parts for c in contexts],
