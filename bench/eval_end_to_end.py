@@ -1,9 +1,9 @@
 """`dcsjax eval` on a whole benchmark against the same items in one engine call, same run: what the
 resumable writer (records written in growing chunks, `evaluate.write_spans`) costs over the engine alone.
 
-    python bench/eval_end_to_end.py                       # MCQA-LL on 320 timedial items, SmolLM2
-    python bench/eval_end_to_end.py --task general_knowledge --protocol apx --items 256
-    python bench/eval_end_to_end.py --task hindu_knowledge --protocol all --items 60   # shared forward passes
+    python bench/eval_end_to_end.py                       # MCQA-LL on 320 MMLU miscellaneous items, SmolLM2
+    python bench/eval_end_to_end.py --task mmlu:marketing --protocol apx --items 200
+    python bench/eval_end_to_end.py --task mmlu:world_religions --protocol all --items 60   # shared forward passes
 
 With `--protocol all`: `dcsjax eval` of every protocol on the task without and with the run's shared
 continuations (MCQA-LL and sequence DCS score the same options after the same question), after an untimed
@@ -33,7 +33,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--task", default="timedial")
+    parser.add_argument("--task", default="mmlu:miscellaneous")
     parser.add_argument("--protocol", default="mcqa", help="one protocol, or all (the shared forward passes)")
     parser.add_argument("--items", type=int, default=320)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))

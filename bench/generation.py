@@ -6,8 +6,8 @@ emit the same greedy tokens.
     python bench/generation.py --workloads statements --prompts 32
     python bench/generation.py --prompts 16 --quick
 
-Workloads (real prompts): `apx` is APX's own prompt (002 D.1, the chat template) over BIG-bench items of
-the demo tasks, 15 new tokens, as `dcsjax eval` runs it (SmolLM2: prompts of 111-183 tokens, mostly prefill); `long` is the same prompts with 128 new tokens
+Workloads (real prompts): `apx` is APX's own prompt (002 D.1, the chat template) over MMLU items of
+the demo's subjects, 15 new tokens, as `dcsjax eval` runs it (SmolLM2: prompts of 111-183 tokens, mostly prefill); `long` is the same prompts with 128 new tokens
 and no early stop (every row decodes its whole budget: the decode loop's own rate). `statements` is
 statement generation as `dcsjax statements generate` runs it (002 A.1's prompt over the same items, sampled
 at temperature 0.7, top-p 0.95, 256 new tokens), with no early stop: a sampled row ends at a different
@@ -26,12 +26,13 @@ import time
 
 from common import ROOT, reference_dir, write_record  # bench/common.py
 
-TASKS = ("general_knowledge", "misconceptions", "hindu_knowledge", "known_unknowns")
 WORKLOADS = ("apx", "long", "statements")
 
 
 def prompts_of(scorer, workload: str, n: int) -> list[list[int]]:
-    """The first n items of TASKS as the workload's prompts: APX's (apx, long) or statement generation's."""
+    """The first n items of the demo's MMLU subjects as the workload's prompts: APX's (apx, long) or statement
+    generation's."""
+    from dcsjax.cli import DEMO_TASKS as TASKS
     from dcsjax.data.tasks import load_task, resolve_task
     from dcsjax.eval.protocols import apx
     from dcsjax.statements import generate as statements

@@ -23,13 +23,12 @@ from pathlib import Path
 
 from common import ROOT, write_record  # bench/common.py
 
-SOURCE_TASKS = ("general_knowledge", "misconceptions", "hindu_knowledge", "logical_deduction_three_objects",
-                "known_unknowns")  # benchmark cards (BIG-bench)
+SOURCE_TASKS = ("mmlu:world_religions", "mmlu:conceptual_physics", "mmlu:high_school_geography")  # MMLU subjects
 KEPT_TASKS = ("dcsjax_rolling", "dcsjax_gen")
 
 
 def arc_task(folder: Path, n_items: int) -> str:
-    """lm-eval's arc_easy.yaml, unchanged but for its data: BIG-bench items in ARC's schema."""
+    """lm-eval's arc_easy.yaml, unchanged but for its data: MMLU items in ARC's schema."""
     import lm_eval
 
     from dcsjax.data.tasks import load_task, resolve_task

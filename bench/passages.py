@@ -5,8 +5,8 @@ dense one) against the peer (transformers + torch, same GGUF, float32), same tex
     python bench/passages.py --models gemma3-270m           # Gemma 3: sliding-window layers skip most tiles
     python bench/passages.py --quick                        # one passage in a 1,024-token row, to check the script runs
 
-Passages are real text: consecutive BIG-bench questions with their answers (logical_deduction, seven and
-five objects), joined until a passage reaches its length. Every token is scored (log p given the document
+Passages are real text: consecutive MMLU questions with their answers (professional law, then the rest of
+MMLU's test split in its order), joined until a passage reaches its length. Every token is scored (log p given the document
 start and what precedes it). dcsjax: a first pass (compiles included) and a second, timed one, per path;
 the dense path is taken by raising `attention.BLOCKWISE_FROM` past the rows (jax's caches cleared, so the
 same shapes compile again). The peer: right-padded batches sorted by length, full logits, log-softmax,
@@ -24,7 +24,7 @@ import numpy as np
 
 from common import ROOT, Peer, cpu_name, matmul_rate, torch_matmul_rate, write_record  # bench/common.py
 
-TASKS = ("bigbench:logical_deduction/seven_objects", "bigbench:logical_deduction/five_objects")
+TASKS = ("mmlu:professional_law", "mmlu")
 
 
 def passages(scorer, lengths: list[tuple[int, int, int]]) -> list[list[int]]:

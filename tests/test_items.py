@@ -1,4 +1,5 @@
-"""The item format and BIG-bench, read from the real sdist; bad rows become error records, never dropped."""
+"""The item format and BIG-bench (read from a copy in its layout: the tests write one); bad rows become error
+records, never dropped."""
 
 import json
 
@@ -29,42 +30,40 @@ def test_check_item_names_the_reason(change, reason):
     assert isinstance(error, ItemError) and reason in error.reason and error.where == "f:1"
 
 
-@pytest.mark.bigbench
-def test_known_unknowns_has_its_idk_choice():
+def test_known_unknowns_has_its_idk_choice(bigbench_copy):
+    """A BIG-bench task read from a copy (the tests' own checkout, in BIG-bench's layout)."""
     items, errors = load_task(resolve_task("bigbench:known_unknowns"))
-    assert len(items) == 46 and not errors
+    assert len(items) == 12 and not errors
     unanswerable = [i for i in items if not i.answerable]
-    assert unanswerable and all(i.choices[i.idk].strip() == "Unknown" for i in items)
+    assert len(unanswerable) == 6 and all(i.choices[i.idk].strip() == "Unknown" for i in items)
     first = items[0]
-    assert first.question == "How often did Abraham Lincoln cut his toenails?"
-    assert first.choices == ("Every Saturday night", "Unknown") and first.correct == (1,) and first.idk == 1
+    assert first.question == "What is the capital of France?" and first.id == "known_unknowns/0"
+    assert first.choices == ("Paris", "Unknown") and first.correct == (0,) and first.idk == 1
+    assert first.source == {"benchmark": "bigbench:known_unknowns", "example": 0, "input": first.question}
 
 
-@pytest.mark.bigbench
-def test_subtasks_prefix_and_statements():
+def test_subtasks_prefix_and_statements(bigbench_copy):
     items, _ = load_task(resolve_task("logical_deduction_three_objects"))
-    assert len(items) == 300 and items[0].statements is None  # the card's rule writes them (below)
-    assert items[0].question.startswith("The following paragraphs each describe a set of three objects")
+    assert len(items) == 8 and items[0].statements is None  # the card's rule writes them (below)
+    assert items[0].question.startswith("The following paragraphs each describe a set of objects")
     whole, _ = bigbench.bigbench_items("logical_deduction")
-    assert len(whole) == 300 + 500 + 700  # three, five and seven objects
+    assert len(whole) == 8 + 8  # three and five objects
     card = resolve_task("known_unknowns")  # no declarative rule: APS refuses it, qa-ppl ranks question + option
     assert declarative_statements(card) is None
-    assert qa_texts(card)(load_task(card)[0][0])[1] == "Q: How often did Abraham Lincoln cut his toenails?\nA: Unknown"
+    assert qa_texts(card)(load_task(card)[0][0])[1] == "Q: What is the capital of France?\nA: Unknown"
     # misconceptions' "The claim '...' is true/false." would be a P(True) probe (002 section 4), not APS
     assert declarative_statements(resolve_task("misconceptions")) is None
     card = resolve_task("logical_deduction_three_objects")  # the premises, each option their conclusion (002 A.1)
     first = load_task(card)[0][0]
     statements = declarative_statements(card)(first)
-    premises = "The blue book is to the right of the orange book. The orange book is to the right of the black book."
-    assert statements == [f"{first.question} {c}" for c in first.choices] and all(premises in s for s in statements)
-    assert statements[0].endswith("the black book. The black book is the leftmost.")
+    assert statements == [f"{first.question} {c}" for c in first.choices]
+    assert statements[0].endswith("Puzzle 0 with 3 books. The red book is the leftmost.")
 
 
-@pytest.mark.bigbench
-def test_card_statements_keep_002s_length_gap_to_the_question_answer_pair():
+def test_card_statements_keep_002s_length_gap_to_the_question_answer_pair(bigbench_copy):
     """002 A.2: a statement is about as long as its question-answer pair (median gap about -1 token there). Every
-    BIG-bench card with a declarative rule, over its first 200 items, in words: the median of the per-item
-    median gaps within [-2, 1] (a bare-option statement of logical_deduction sat about 60 words short)."""
+    rule a BIG-bench card has (the options as statements, a cloze blank filled), in words: the median of the
+    per-item median gaps within [-2, 1] (a bare-option statement of logical_deduction sat about 60 words short)."""
     from dcsjax.statements.validate import statement_metrics
 
     for task in ("logical_deduction_three_objects", "timedial"):

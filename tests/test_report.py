@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import scorer_for
+from conftest import scorer_for, write_bigbench_checkout
 from dcsjax.analysis.report import write_report
 from dcsjax.cli import main
 from dcsjax.eval.run import read_records, run_eval
@@ -18,13 +18,19 @@ FIGURES = ("scaling.png", "scaling_by_task.png", "dcs_spectrum.png", "risk_cover
 
 @pytest.fixture(scope="module")
 def real_results(tmp_path_factory):
+    """Every protocol, APS included, on a task with declarative statements: logical_deduction's card, read from the
+    tests' own BIG-bench copy (MMLU has no statements)."""
+    from dcsjax.data import bigbench
+
     folder = tmp_path_factory.mktemp("results")
-    run_eval("smollm2-135m-instruct", ["logical_deduction_three_objects"], ["aps", "mcqa", "apx", "dcs", "dcs-letters"], folder,
-             limit=8, scorer=scorer_for("smollm2-135m-instruct"), progress=False)
+    root = write_bigbench_checkout(tmp_path_factory.mktemp("bigbench-copy")) / "benchmark_tasks"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bigbench, "fetch_bigbench", lambda quiet=False, source=None: root)
+        run_eval("smollm2-135m-instruct", ["logical_deduction_three_objects"], ["aps", "mcqa", "apx", "dcs", "dcs-letters"],
+                 folder, limit=8, scorer=scorer_for("smollm2-135m-instruct"), progress=False)
     return folder
 
 
-@pytest.mark.bigbench
 @pytest.mark.slow
 def test_report_on_real_results(real_results, tmp_path):
     summary = write_report([real_results], tmp_path, n_boot=200)

@@ -16,6 +16,7 @@ from dcsjax.statements.generate import filter_counts, generate_statements, parse
 from dcsjax.statements.validate import bleu, statement_metrics, summarise
 
 SMOL = "smollm2-135m-instruct"
+TASK = "mmlu:world_religions"  # statements generated for MMLU questions, then APS over them
 
 
 # ------------------------------------------------------------------------------------------------ filter
@@ -88,8 +89,7 @@ def test_length_gap_and_spread_against_hand_counts():
 
 
 # ------------------------------------------------------------------------------------------------ end to end
-@pytest.mark.bigbench
-def test_rule_based_cloze_path_needs_no_model(tmp_path):
+def test_rule_based_cloze_path_needs_no_model(tmp_path, bigbench_copy):
     from dcsjax.data.tasks import load_task, resolve_task
 
     card = resolve_task("timedial")
@@ -105,14 +105,13 @@ def test_rule_based_cloze_path_needs_no_model(tmp_path):
             assert statement == head + choice.strip() + tail
 
 
-@pytest.mark.bigbench
 @pytest.mark.slow
 def test_generation_end_to_end_resumes_and_feeds_aps(tmp_path):
     from dcsjax.data.tasks import load_task, resolve_task
     from dcsjax.eval.run import run_eval
 
     scorer = scorer_for(SMOL)
-    card = resolve_task("general_knowledge")
+    card = resolve_task(TASK)
     items = load_task(card)[0][:6]
     out = tmp_path / "gk.jsonl"
     counts = generate_statements(scorer, items[:4], card.name, out, max_new_tokens=64, progress=False)
@@ -130,9 +129,8 @@ def test_generation_end_to_end_resumes_and_feeds_aps(tmp_path):
         assert len(row["statements"]) == len(row["choices"]) and row["generator"]["temperature"] == 0.7
 
     # the file drives APS: the kept items are scored with their statements; the filtered are error records
-    run_eval(SMOL, ["general_knowledge"], ["aps"], tmp_path / "eval", limit=6, scorer=scorer, progress=False,
-             statements=out)
-    folder = tmp_path / "eval" / scorer.name / "general_knowledge"
+    run_eval(SMOL, [TASK], ["aps"], tmp_path / "eval", limit=6, scorer=scorer, progress=False, statements=out)
+    folder = tmp_path / "eval" / scorer.name / card.slug
     aps = [json.loads(line) for line in (folder / "aps.jsonl").read_text().splitlines()] \
         if (folder / "aps.jsonl").is_file() else []
     errors = [json.loads(line) for line in (folder / "errors.jsonl").read_text().splitlines()]
@@ -175,8 +173,7 @@ def test_judge_reads_yes_against_no_as_transformers_does(tmp_path):
     np.testing.assert_allclose(got, want, atol=1e-4)
 
 
-@pytest.mark.bigbench
-def test_statements_cli_rule_path_and_validate(tmp_path, capsys):
+def test_statements_cli_rule_path_and_validate(tmp_path, capsys, bigbench_copy):
     from dcsjax.cli import main
 
     out = tmp_path / "timedial.jsonl"

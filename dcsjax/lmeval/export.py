@@ -20,7 +20,9 @@ from pathlib import Path
 
 from dcsjax.eval.results import read_summary
 
-RENAMED = {"accuracy": "acc", "accuracy_sum": "acc", "accuracy_char": "acc_norm"}
+# lm-eval's names; accuracy_char_nospace under lighteval's, which lm-eval has none for
+RENAMED = {"accuracy": "acc", "accuracy_sum": "acc", "accuracy_char": "acc_norm",
+           "accuracy_char_nospace": "acc_norm_nospace"}
 # lm-eval's higher_is_better per metric: True unless named here (None: neither direction is better)
 HIGHER_IS_BETTER = {"parse_failures": False, "idk_spread": False, "ppl_delta": None, "abstention": None, "p_idk": None}
 

@@ -19,7 +19,8 @@ order could learn a letter instead of abstention. `option_order="source"` keeps 
 Splits are disjoint by question: both versions of a question go to the same split, chosen by a hash of
 the task and the normalised question text (so the same question repeated under two ids cannot straddle
 splits); items generated from one template (BBQ) go together, by template, whatever their names and
-context. The test split is only ever scored at the end.
+context; items of a subject (MMLU, the default data) go together by subject, so the test split's subjects
+are ones the model was never trained on. The test split is only ever scored at the end.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from dcsjax.errors import DcsjaxError
 from dcsjax.eval.protocols import IDK_CONTINUATION
 from dcsjax.eval.protocols.options import permute, shuffled
 
-# Knowledge tasks of BIG-bench with 4-8 options, plus known_unknowns (its own IDK option).
-DEFAULT_TASKS = ("hindu_knowledge", "general_knowledge", "known_unknowns", "bigbench:emoji_movie",
-                 "bigbench:movie_recommendation", "bigbench:ruin_names", "bbq_religion_ambig", "bbq_religion_disambig")
+# MMLU's test split from the package index, split by subject; its four options give three and IDK per version
+DEFAULT_TASKS = ("mmlu",)
+DEFAULT_PER_TASK = 30  # questions of each MMLU subject: 1,710 questions, 3,420 versions (about an hour's study)
 CONSTRUCTIONS = ("answerable", "option removed", "wording")  # how a version was made (its unanswerability)
 SPLITS = ("train", "dev", "test")
 
@@ -49,8 +50,11 @@ def question_key(task: str, question: str) -> str:
 
 
 def group_key(item: Item, task: str) -> str:
-    """What must not straddle splits: the template an item was generated from (BBQ: ambiguous and
-    disambiguated versions, every name swap), else the question itself."""
+    """What must not straddle splits: the subject of an item that has one (MMLU: the test split's subjects
+    unseen in training), the template an item was generated from (BBQ: ambiguous and disambiguated versions,
+    every name swap), else the question itself."""
+    if item.source.get("subject"):
+        return f"subject\n{item.source['subject']}"
     template = item.source.get("template")
     return f"template\n{template}" if template else question_key(task, item.question)
 
@@ -90,20 +94,29 @@ def abstention_versions(item: Item, task: str, rng: random.Random) -> list[Item]
 
 def abstention_splits(tasks: Sequence[str] = DEFAULT_TASKS, *, per_task: int | None = None,
                       fractions: tuple[float, float, float] = (0.6, 0.2, 0.2),
-                      seed: int = 0, option_order: str = "shuffle") -> dict[str, list[Item]]:
-    """{"train", "dev", "test"} -> items. per_task: at most this many questions of each task (the
-    first ones). `seed` picks which wrong option the answerable version drops and the option shuffle."""
+                      seed: int = 0, option_order: str = "shuffle", errors: list | None = None
+                      ) -> dict[str, list[Item]]:
+    """{"train", "dev", "test"} -> items. per_task: at most this many questions of each task, or of each of its
+    subjects where its items have one (the first ones). `seed` picks which wrong option the answerable
+    version drops and the option shuffle. errors: a list that takes the rows no task could read (MMLU's two
+    header rows), each an `ItemError`; without one, such a row stops with an error naming it."""
     if option_order not in ("shuffle", "source"):
         raise DcsjaxError(f"option_order must be 'shuffle' or 'source' for training data, not {option_order!r}")
     rng = random.Random(seed)
     splits: dict[str, list[Item]] = {name: [] for name in SPLITS}
     for task in tasks:
         card = resolve_task(task)
-        items, errors = load_task(card)
-        if errors:
-            raise DcsjaxError(f"task {task}: {len(errors)} malformed item(s), first: {errors[0].where}: "
-                              f"{errors[0].reason}")
-        for item in items[:per_task]:
+        items, bad = load_task(card)
+        if bad and errors is None:
+            raise DcsjaxError(f"task {task}: {len(bad)} malformed item(s), first: {bad[0].where}: {bad[0].reason}")
+        if errors is not None:
+            errors += bad
+        taken: dict = {}
+        for item in items:
+            subject = item.source.get("subject")
+            taken[subject] = taken.get(subject, 0) + 1
+            if per_task is not None and taken[subject] > per_task:
+                continue
             for version in abstention_versions(item, card.name, rng):
                 if option_order == "shuffle":
                     version = permute(version, shuffled(version.id, len(version.choices), seed))

@@ -31,7 +31,7 @@ import numpy as np
 
 from dcsjax.metrics.dcs import loadings_from_threshold as loadings, loadings_note
 from dcsjax.metrics.bootstrap import resample_indices
-from dcsjax.training.data import CONSTRUCTIONS, DEFAULT_TASKS, SPLITS, abstention_splits, write_jsonl
+from dcsjax.training.data import CONSTRUCTIONS, DEFAULT_PER_TASK, DEFAULT_TASKS, SPLITS, abstention_splits, write_jsonl
 from dcsjax.training.features import letter_features, load_features, save_features
 from dcsjax.training.policies import (
     METRIC_LABELS, outcomes, own_choice, paired, summarise, thresholded, tune_threshold, uniform_answerer,
@@ -126,7 +126,7 @@ def cached_logits(path: Path, key: dict, compute) -> np.ndarray:
 
 
 def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs/abstain", *,
-                   tasks: Sequence[str] = DEFAULT_TASKS, per_task: int | None = None,
+                   tasks: Sequence[str] = DEFAULT_TASKS, per_task: int | None = DEFAULT_PER_TASK,
                    arms: Sequence[str] = ("ce", "dcs+ce"), thresholds: Sequence[float] = THRESHOLDS,
                    seeds: Sequence[int] = (0, 1, 2), adapters: Sequence[str] = ("top",), top_layers: int = 2,
                    lora_layers: int | None = None, lora_seeds: Sequence[int] | None = None,
@@ -152,9 +152,14 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     scorer = dcsjax.load(model, progress=progress)
     c = scorer.config
     depth = {"top": top_layers, "lora": lora_layers or c.num_layers}  # adapted blocks, per adapter
-    splits = abstention_splits(tasks, per_task=per_task)
+    unread = []
+    splits = abstention_splits(tasks, per_task=per_task, errors=unread)
     for split in SPLITS:
         write_jsonl(splits[split], out / "data" / f"{split}.jsonl")
+    (out / "data" / "errors.jsonl").write_text("".join(json.dumps(e.as_record()) + "\n" for e in unread))
+    if unread:
+        _log(f"{len(unread)} source rows are not questions (each in {out / 'data' / 'errors.jsonl'}), first: "
+             f"{unread[0].where}: {unread[0].reason}")
     kinds = {s: np.array([i.source["construction"] for i in v]) for s, v in splits.items()}
     counts = {s: {"items": len(v), **{k: int(np.sum(kinds[s] == k)) for k in CONSTRUCTIONS}} for s, v in splits.items()}
     _log(f"items: {counts}")

@@ -69,6 +69,16 @@ def _aps_source(ctx: Context) -> str:
     return "file" if ctx.statements_file else ctx.card.statements or ("file rows" if local_file(ctx.card.source) else "none")
 
 
+def mcqa_presentation(card) -> dict:
+    """What, besides the context, decides MCQA-LL's records on a card with a presentation of its own (settings
+    and so fingerprints stay as they were for the others)."""
+    if card.presentation is None and card.mcqa_answer == "text" and not card.chat_template \
+            and card.mcqa_normalisation == "sum":
+        return {}
+    return {"presentation": card.presentation, "continuation": card.mcqa_answer, "chat_template": card.chat_template,
+            "headline": f"accuracy_{card.mcqa_normalisation}"}
+
+
 def _build() -> dict[str, Protocol]:
     from dcsjax.eval.protocols import apx, aps, dcs, mcqa
 
@@ -100,10 +110,12 @@ def _build() -> dict[str, Protocol]:
         Protocol("mcqa", PROTOCOL_HELP["mcqa"],
                  run=lambda ctx, items: mcqa.run_mcqa(ctx.scorer, items, ctx.card, ctx.exemplars),
                  summarise=mcqa.summarise,
-                 headline=lambda r: float(r["correct"]["sum"]), answer=lambda r: r["choice"]["sum"],
+                 headline=lambda r: float(r["correct"][mcqa.headline(r)]),
+                 answer=lambda r: r["choice"][mcqa.headline(r)],
                  settings=lambda ctx: {"context": "partial (cloze)" if ctx.card.cloze_blank else ctx.card.mcqa_context,
-                                       **ctx.fewshot_settings()},
-                 prompt=lambda ctx, item: mcqa.prompt_record(item, ctx.card, ctx.exemplars(item) if ctx.exemplars else ())),
+                                       **mcqa_presentation(ctx.card), **ctx.fewshot_settings()},
+                 prompt=lambda ctx, item: mcqa.prompt_record(
+                     item, ctx.card, ctx.exemplars(item) if ctx.exemplars else (), ctx.scorer)),
         Protocol("apx", PROTOCOL_HELP["apx"],
                  run=lambda ctx, items: apx.run_apx(ctx.scorer, items, ctx.exemplars), summarise=apx.summarise,
                  headline=lambda r: float(r["correct"]), answer=choice, letters=True,
@@ -125,13 +137,16 @@ def _build() -> dict[str, Protocol]:
                      "idk_headline": "one IDK response (the item's own IDK option, else the first phrasing), "
                                      "summed log-likelihood"}),
         Protocol("dcs-letters", PROTOCOL_HELP["dcs-letters"],
-                 run=lambda ctx, items: dcs.run_dcs_letters(ctx.scorer, items, ctx.lc, ctx.lw),
+                 run=lambda ctx, items: dcs.run_dcs_letters(ctx.scorer, items, ctx.lc, ctx.lw,
+                                                            ctx.card.dcs_instruction),
                  prompt=lambda ctx, item: dict(zip(("context", "continuations"),
-                                                   dcs.letters_context(ctx.scorer, item, ctx.lc, ctx.lw)[:2])),
+                                                   dcs.letters_context(ctx.scorer, item, ctx.lc, ctx.lw,
+                                                                       ctx.card.dcs_instruction)[:2])),
                  summarise=dcs.summarise, headline=lambda r: r["dcs"], answer=idk_answer, letters=True,
                  idk_option=True,
                  settings=lambda ctx: dcs_settings(ctx) | {"chat_template": dcs.letters_use_chat_template(ctx.scorer),
-                                                           "idk_option": ctx.idk_phrasings[0]},
+                                                           "idk_option": ctx.idk_phrasings[0]}
+                 | ({"instruction": ctx.card.dcs_instruction} if ctx.card.dcs_instruction else {}),
                  merge_rotations=lambda ctx, item, records, perms: dcs.merge_letter_rotations(item, records, perms,
                                                                                            ctx.lc, ctx.lw)),
     ]}

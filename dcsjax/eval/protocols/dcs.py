@@ -136,9 +136,9 @@ def run_dcs_sequences(scorer, items: Sequence[Item], lc: float = 1.0, lw: float 
 
 
 # ------------------------------------------------------------------------------------------ letters
-def letters_prompt(item: Item, lc: float, lw: float) -> tuple[str, list[str], int]:
+def letters_prompt(item: Item, lc: float, lw: float, instruction: str | None = None) -> tuple[str, list[str], int]:
     """The options lettered, IDK among them (appended last where the item has none), and the cost of a
-    wrong answer."""
+    wrong answer (or the card's own `instruction` in its place: the DCS paper's MMLU line)."""
     choices = list(item.choices)
     if item.idk is None:
         choices.append(IDK_CONTINUATION)
@@ -148,8 +148,9 @@ def letters_prompt(item: Item, lc: float, lw: float) -> tuple[str, list[str], in
     letters = list(LETTERS[: len(choices)])
     cost = lw / lc
     lines = [f"Question: {item.question}", "Options:"] + [f"{letter}. {c}" for letter, c in zip(letters, choices)]
-    lines.append(f"A correct answer earns 1 point, a wrong answer costs {cost:g} point{'s' if cost != 1 else ''}, "
-                 f"and answering {letters[idk]} (I don't know) costs nothing. Answer with the letter only.")
+    lines.append(instruction or f"A correct answer earns 1 point, a wrong answer costs {cost:g} point"
+                 f"{'s' if cost != 1 else ''}, and answering {letters[idk]} (I don't know) costs nothing. Answer with "
+                 "the letter only.")
     lines.append("Answer:")
     return "\n".join(lines), letters, idk
 
@@ -160,19 +161,21 @@ def letters_use_chat_template(scorer) -> bool:
     return bool(scorer.is_instruct) and scorer.asks_through_chat_template("DCS from letters")
 
 
-def letters_context(scorer, item: Item, lc: float, lw: float) -> tuple[str, list[str], int]:
+def letters_context(scorer, item: Item, lc: float, lw: float, instruction: str | None = None
+                    ) -> tuple[str, list[str], int]:
     """(context, letter continuations, IDK index). An instruct model with a chat template is asked through
     it, and its answer starts the assistant turn ("A"); others complete "Answer:" (" A")."""
-    prompt, letters, idk = letters_prompt(item, lc, lw)
+    prompt, letters, idk = letters_prompt(item, lc, lw, instruction)
     if letters_use_chat_template(scorer):
         return scorer.chat_text(prompt.rsplit("\nAnswer:", 1)[0]), letters, idk
     return prompt, [" " + letter for letter in letters], idk
 
 
-def run_dcs_letters(scorer, items: Sequence[Item], lc: float = 1.0, lw: float = 1.0) -> list[dict]:
+def run_dcs_letters(scorer, items: Sequence[Item], lc: float = 1.0, lw: float = 1.0,
+                    instruction: str | None = None) -> list[dict]:
     prompts, letter_lists, idk_index = [], [], []
     for item in items:
-        prompt, letters, idk = letters_context(scorer, item, lc, lw)
+        prompt, letters, idk = letters_context(scorer, item, lc, lw, instruction)
         prompts.append(prompt)
         letter_lists.append(letters)
         idk_index.append(idk)
