@@ -209,7 +209,8 @@ def cmd_tasks(args) -> int:
             except Exception as err:  # a hub dataset offline and not cached: say so, list the rest
                 text = str(err).splitlines()[0] if str(err) else type(err).__name__
                 row += ["-", "not loaded: offline and not in the cache" if "offline" in text.lower() else
-                        f"not loaded: {text[:60]}"]
+                        "not loaded: no copy given (dcsjax fetch bigbench --from PATH)"
+                        if "bigbench" in text and "--from PATH" in text else f"not loaded: {text[:60]}"]
         rows.append(row)
     if getattr(args, "sizes", False):
         header += ["items", "errors"]

@@ -27,7 +27,7 @@ def biggest(a, b) -> float:
 
 def main() -> None:
     scorer = dcsjax.load("smollm2-135m-instruct", progress=False)
-    splits = abstention_splits(("mmlu:astronomy", "mmlu:clinical_knowledge", "mmlu:anatomy"), per_task=5)
+    splits = abstention_splits(("mmlu:miscellaneous", "mmlu:high_school_mathematics", "mmlu:world_religions"), per_task=5)
     features = {name: letter_features(scorer, items, 2) for name, items in splits.items() if name != "test"}
     result = {"devices": jax.device_count()}
     base = TrainConfig(arm="dcs+ce", steps=4, batch_size=8, eval_every=2, ce_warmup=1, warmup_steps=1,

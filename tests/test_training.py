@@ -121,10 +121,10 @@ def test_collapse_alarm_names_what_collapsed():
 
 
 # ------------------------------------------------------------------------------------------------ model
-# Five questions of each of five MMLU subjects, two versions each: three subjects fall in the training split,
-# one in dev and one in test (`split_of` on the subject: the same on every run)
-SMALL_TASKS = ("mmlu:astronomy", "mmlu:clinical_knowledge", "mmlu:college_biology", "mmlu:anatomy",
-               "mmlu:abstract_algebra")
+# Five questions of each of five MMLU subjects with short questions, two versions each: three subjects fall in the
+# training split, one in dev and one in test (`split_of` on the subject: the same on every run)
+SMALL_TASKS = ("mmlu:miscellaneous", "mmlu:high_school_mathematics", "mmlu:high_school_geography",
+               "mmlu:world_religions", "mmlu:management")
 
 
 @pytest.fixture(scope="module")
