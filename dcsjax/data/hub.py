@@ -98,6 +98,9 @@ def hub_items(name: str, dataset: str, schema: str, config: str | None = None, s
         rows = datasets.load_dataset("json", data_files=data_files, split="train")
         where_prefix = str(data_files)
     else:
+        from dcsjax.cache import hub_offline
+
+        hub_offline()  # out of reach: the datasets cache alone, at once
         try:
             rows = datasets.load_dataset(dataset, config, split=split)
         except (ConnectionError, OSError) as err:  # offline and not in the datasets cache, or no such dataset

@@ -135,11 +135,19 @@ def benchmark_cards(include: Sequence[str | Path] = ()) -> dict[str, BenchmarkCa
 def resolve_task(task: str, include: Sequence[str | Path] = ()) -> BenchmarkCard:
     """A card's name (packaged or in an `include` folder), with a subject (`mmlu:anatomy`) and another source
     (`mmlu@hub`) where the card has them, a card file (`path/to/task.toml`), a card's source,
-    `bigbench:<task>`, or a local file `jsonl:`, `json:` or `csv:<file>`."""
+    `bigbench:<task>`, or a local file: `jsonl:`, `json:` or `csv:<file>`, or its bare path, whose extension
+    (.jsonl, .json, .csv) says its kind, as lm-eval and Inspect take a data file."""
     if task.endswith(".toml"):
         if not Path(task).is_file():
             raise DcsjaxError(f"task card {task}: no such file")
         return read_card(Path(task))
+    from dcsjax.data.jsonl import FILE_KINDS
+
+    kind = Path(task).suffix.removeprefix(".").lower()
+    if kind in FILE_KINDS and not local_file(task):  # a bare path: its extension names its kind
+        if not Path(task).is_file():
+            raise DcsjaxError(f"task file {task}: no such file")
+        task = f"{kind}:{task}"
     cards = benchmark_cards(include)
     if task in cards:
         return cards[task]
@@ -153,9 +161,11 @@ def resolve_task(task: str, include: Sequence[str | Path] = ()) -> BenchmarkCard
     if task.startswith("bigbench:"):
         return BenchmarkCard(name=task.removeprefix("bigbench:").replace("/", "_"), source=task)
     if local := local_file(task):
+        if not Path(local[1]).is_file():
+            raise DcsjaxError(f"task file {local[1]}: no such file")
         return BenchmarkCard(name=Path(local[1]).stem, source=task)
     raise DcsjaxError(f"unknown task {task!r}: not a benchmark card ({', '.join(cards)}), a card file (*.toml), "
-                      "bigbench:<task> nor jsonl:, json: or csv:<file>")
+                      "bigbench:<task> nor a data file (*.jsonl, *.json, *.csv, or jsonl:, json:, csv:<file>)")
 
 
 def _variant(card: BenchmarkCard, task: str, subject: str, where: str) -> BenchmarkCard:

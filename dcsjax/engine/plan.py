@@ -77,10 +77,13 @@ def topology_mesh(topology: str, mesh: str | None = None):
     # libtpu takes a lock file for the chips of a TPU host; compiling for a topology uses no chip, so
     # two plans (or a plan beside a TPU job) may share it
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from dcsjax.host import libtpu_start_up_dropped
+
     try:
         from jax.experimental import topologies
 
-        devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
+        with libtpu_start_up_dropped():  # its complaints that this host has no TPU
+            devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
     except Exception as err:  # no libtpu, or a grid libtpu refuses
         hint = "" if _has_libtpu() else " (compiling for TPU needs libtpu: pip install 'dcsjax[tpu]')"
         raise ConfigError(f"topology {topology!r}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"

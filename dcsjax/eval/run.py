@@ -224,7 +224,7 @@ def evaluate(config: EvalConfig, scorer=None) -> dict:
     resume and score (`_score_protocol`), then the merged summary. scorer: an already loaded model (else
     `config.model` is loaded). In a multi-process run (`dcsjax.engine.distributed`), each process scores its
     share of every chunk and process 0 writes the gathered records; the files equal a single process's.
-    -> {"rows": this run's summary rows in its order, "skipped": [...]}."""
+    -> {"rows": this run's summary rows in its order, "skipped": [...], "empty": the tasks with no item}."""
     import dcsjax
     from dcsjax.data.tasks import resolve_task
     from dcsjax.engine import distributed
@@ -243,17 +243,23 @@ def evaluate(config: EvalConfig, scorer=None) -> dict:
         # the data too, before the model: a file's duplicate ids, a statements file of another task or a hub
         # dataset out of reach stop the run now, not after the model has loaded
         loaded = [_load_items(config, card) for card, _ in plan]
+        # a task with nothing in it (an empty file, blank lines only) is named, not scored; the others are
+        empty = [{"task": card.name, "reason": f"task {card.name}: {card.source} holds no item to score (an "
+                  "empty file, or blank lines only)"} for (card, _), task in zip(plan, loaded)
+                 if not task["all"] and not task["errors"]]
+        if plan and len(empty) == len(plan):  # nothing at all to score: before the model loads
+            raise InputError("; ".join(e["reason"] for e in empty))
         scorer = scorer or dcsjax.load(config.model, batch_size=config.batch_size, dtype=config.dtype, mesh=config.mesh,
                                        document_start=config.document_start, variant=config.variant)
         model_identity = scorer.model_fingerprint or {"name": scorer.name}
         # the protocols of this run score a shared (question, option) pair once; a fresh cache per run
         scorer = scorer.replace(continuation_cache={} if config.share_continuations else None)
-        rows = [row for (card, runnable), task in zip(plan, loaded)
+        rows = [row for (card, runnable), task in zip(plan, loaded) if task["all"] or task["errors"]
                 for row in _score_task(config, card, task, runnable, scorer, writer, lead)]
         if lead:
             writer.update_summary(rows, config.run_record(cards, model_identity))
     # this run's rows, in its order (summary.json also keeps the rows of earlier runs of other tasks)
-    return distributed.from_rank0({"rows": rows, "skipped": skipped})
+    return distributed.from_rank0({"rows": rows, "skipped": skipped, "empty": empty})
 
 
 def _context(config: EvalConfig, card, scorer=None, pool=(), pool_split: str | None = None):
