@@ -66,3 +66,13 @@ def test_packing_fills_rows():
     assert [batch.height for batch in plan] == [8]  # 5 rows: the ladder's 8, not a batch of 16
     unpacked = plan_batches(rooms, 16, (128,), pack=False)
     assert [len(batch.rows) for batch in unpacked] == [16, 14] and [batch.height for batch in unpacked] == [16, 16]
+
+
+def test_padded_lengths_are_few_and_whole_tiles_on_the_blockwise_path():
+    """Training prompts are padded, not packed: to a multiple of 64 tokens, and from 1,024 on (the blockwise
+    attention path) to whole 512-token tiles, as the buckets are (an MMLU prompt of 1,088 tokens once failed)."""
+    from dcsjax.engine.packing import DEFAULT_BUCKETS, round_up
+
+    assert [round_up(n) for n in (1, 64, 65, 150, 1000, 1024)] == [64, 64, 128, 192, 1024, 1024]
+    assert [round_up(n) for n in (1025, 1088, 1536, 1537, 2100)] == [1536, 1536, 1536, 2048, 2560]
+    assert all(round_up(b) == b for b in DEFAULT_BUCKETS)

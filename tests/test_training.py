@@ -474,3 +474,23 @@ def test_the_experiment_grid_names_every_run_once():
     assert [s.cfg.lw for s in grid if s.arm == "dcs+ce"] == pytest.approx([1 / 3, 1 / 3, 1.0, 1.0, 1.0])
     assert len({s.folder(Path("out")) for s in grid}) == len(grid)
     assert [(s.arm, s.seed) for s in grid if s.first_seed] == [("ce", 0), ("dcs+ce", 0), ("dcs+ce", 0), ("ce", 3), ("dcs+ce", 3)]
+
+
+def test_a_prompt_past_the_blockwise_threshold_gives_the_letters_elicitation_of_eval():
+    """MMLU's longest questions give training prompts of more than 1,024 tokens, which attend through the
+    blockwise path in whole tiles: cached frozen layers + the top layer equal eval's letter distribution there
+    too (the tiny random-weight decoder: the path, not the weights, is what is checked)."""
+    from conftest import tiny_scorer
+
+    scorer = tiny_scorer()
+    long = Item("long/0", "Read the passage. " + "The river rose and the town moved uphill. " * 120 + "Why?",
+                ("Floods", "Drought", "War", "Trade"), (0,))
+    short = Item("short/0", "Which is a fruit?", ("car", "apple", "stone"), (1,))
+    items = [long, short]
+    features = letter_features(scorer, items, 1)
+    assert features.hidden.shape[1] % 512 == 0 and int(np.max(features.length)) > 1024
+    params = top_params(scorer.model, 1)
+    probs = np.asarray(distributions(predict_logits(scorer.config, params, scorer.model.output_embedding, features),
+                                     features).probs)
+    for row, record in zip(probs, run_dcs_letters(scorer, items)):
+        np.testing.assert_allclose(row[:len(record["probs"])], record["probs"], atol=2e-5)

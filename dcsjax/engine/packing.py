@@ -69,8 +69,13 @@ class Batch:
 
 def round_up(length: int, multiple: int = BUCKET_MULTIPLE) -> int:
     """length rounded up to a multiple of BUCKET_MULTIPLE: the row lengths of every padded batch that is not
-    packed into the buckets (training prompts), so they too come in few shapes, each one compile."""
-    return -(-int(length) // multiple) * multiple
+    packed into the buckets (training prompts), so they too come in few shapes, each one compile. A row long
+    enough for the blockwise attention path (BLOCKWISE_FROM tokens on) is a whole number of its tiles, as the
+    buckets from 1024 on are (MMLU's longest prompts run past 1,024 tokens)."""
+    from dcsjax.nn.attention import BLOCK, BLOCKWISE_FROM  # read per call: a bench may move the threshold
+
+    rounded = -(-int(length) // multiple) * multiple
+    return rounded if rounded < BLOCKWISE_FROM else -(-rounded // BLOCK) * BLOCK
 
 
 def bucket_for(length: int, buckets: tuple[int, ...]) -> int:
