@@ -59,8 +59,8 @@ _stop_requested: list[int] = []
 
 def request_stop(signum: int, frame=None) -> None:
     """The SIGTERM handler: a flag that `stop_point` raises from, and `Terminated` at once where an exception
-    can surface. Inside a garbage-collection callback or a `__del__`, Python would print the exception as
-    "ignored" and go on, so there it only leaves the flag for the next stop point."""
+    can surface. Inside a garbage-collection callback, a `__del__` or importlib's module-lock callback, Python
+    would print the exception as "ignored" and go on, so there it only leaves the flag for the next stop point."""
     _stop_requested.append(signum)
     if not _in_ignored_callback(frame):
         raise Terminated()
@@ -71,7 +71,10 @@ def _in_ignored_callback(frame) -> bool:
 
     hooks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
     while frame is not None:
-        if frame.f_code in hooks or frame.f_code.co_name == "__del__":
+        code = frame.f_code
+        # importlib's module-lock weakref callback (`cb` in _bootstrap) is one too: a SIGTERM landing in it while
+        # a module is imported was printed as "Exception ignored in ... Traceback" and the run went on
+        if code in hooks or code.co_name == "__del__" or (code.co_name == "cb" and "importlib" in code.co_filename):
             return True
         frame = frame.f_back
     return False
