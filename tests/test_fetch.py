@@ -5,8 +5,6 @@ a copy given with `--from`, and one line where the package index lacks a package
 Wheels are built locally here (the real downloads are exercised by every test that loads a model or MMLU)."""
 
 import hashlib
-import subprocess
-import sys
 import zipfile
 
 import pytest
