@@ -53,8 +53,7 @@ def main() -> None:
     import dcsjax
     from dcsjax.training.data import abstention_splits
     from dcsjax.training.features import letter_features
-    from dcsjax.training.train import (TrainConfig, _train_step, cut_length, init_trainable, optimizer_for,
-                                       step_settings, top_params)
+    from dcsjax.training.train import TrainConfig, _train_step, init_trainable, optimizer_for, step_settings, top_params
     from xla_ops import origins, traced_seconds
 
     scorer = dcsjax.load(args.model)
@@ -62,8 +61,8 @@ def main() -> None:
     k = args.lora_layers or c.num_layers
     items = abstention_splits(errors=[])["train"][:args.batch]  # MMLU, every subject's questions
     f = letter_features(scorer, items, k)
-    t = cut_length(f.length, f.hidden.shape[1])
-    batch = tuple(np.asarray(x)[None] for x in (f.hidden[:, :t], f.length, f.letters, f.correct, f.idk, f.valid))
+    batch = f.batch(np.arange(len(f))[None])  # one micro-batch of every item
+    t = batch[0].shape[2]
     cfg = replace(TrainConfig(), arm="dcs+ce", adapter="lora", batch_size=args.batch)
     base = top_params(scorer.model, k)
     params = init_trainable(cfg, base)

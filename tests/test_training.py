@@ -232,10 +232,10 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
         assert (out / name).stat().st_size > 0
     # five runs, one compiled update per (adapter, arm) and prompt length (each batch is cut to its longest prompt,
     # rounded up: MMLU's prompts here take one or two lengths): thresholds and seeds are traced or read outside it
-    from dcsjax.training.train import cut_length
+    from dcsjax.training.features import cut_length
 
     train_set = load_features(out / "features" / "top2" / "train.npz")
-    lengths = {cut_length(train_set.length[idx], train_set.hidden.shape[1])
+    lengths = {cut_length(train_set.length[idx])
                for idx in (batch_indices(0, step, 1, 8, len(train_set)) for step in range(12))}
     assert _train_step._cache_size() - compiled_before <= 4 * len(lengths)
     assert results["exported"]["adapter"] == "lora" and results["exported"]["threshold"] == 0.5
@@ -260,12 +260,12 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
     trained = dcsjax.load(out / "model")
     train_set = load_features(out / "features" / "top2" / "train.npz")
     dcs_cfg = TrainConfig(arm="dcs+ce", lw=1.0, ce_warmup=4)
+    everything = train_set.batch(np.arange(len(train_set)))
 
     @jax.jit  # one program for both parameter sets (op by op, each of its ops would compile on its own)
     def loss(model_params):
-        logits = letter_logits(scorer.config, model_params, scorer.model.output_embedding, train_set.hidden,
-                               train_set.length, train_set.letters)
-        return arm_loss(dcs_cfg, logits, train_set.correct, train_set.idk, train_set.valid, None, cfg.steps)[0]
+        logits = letter_logits(scorer.config, model_params, scorer.model.output_embedding, *everything[:3])
+        return arm_loss(dcs_cfg, logits, *everything[3:], None, cfg.steps)[0]
 
     folder = out / "runs" / "lora" / "t0.5" / "dcs+ce-seed0"
     saved = json.loads((folder / "config.json").read_text())
@@ -334,7 +334,7 @@ def test_factored_lora_step_equals_the_merged_weights(small_features):
     lora = {"lora": {name: {"a": pair["a"], "b": 0.02 * jax.random.normal(jax.random.fold_in(key, i), pair["b"].shape)}
                      for i, (name, pair) in enumerate(sorted(lora["lora"].items()))}}
     rows = np.arange(8)
-    arrays = [np.asarray(x)[rows] for x in (data.hidden, data.length, data.letters, data.correct, data.idk, data.valid)]
+    arrays = data.batch(rows)
 
     def loss(params, factored):
         logits = letter_logits(scorer.config, adapted(cfg, params, base, factored), scorer.model.output_embedding,
@@ -416,8 +416,7 @@ def test_accumulated_micro_batches_make_the_same_update_as_one_batch(small_featu
     for accumulate, batch in ((2, 4), (1, 8)):
         cfg = TrainConfig(arm="dcs", batch_size=batch, accumulate=accumulate)
         idx = np.arange(8).reshape(accumulate, batch)
-        arrays = tuple(np.asarray(x)[idx] for x in (data.hidden, data.length, data.letters, data.correct, data.idk,
-                                                      data.valid))
+        arrays = data.batch(idx)
         static, weights = step_settings(cfg)
         updated[accumulate], _, _ = _train_step(scorer.config, static, sgd, weights, params, sgd.init(params), params,
                                                 scorer.model.output_embedding, arrays,
@@ -488,7 +487,7 @@ def test_a_prompt_past_the_blockwise_threshold_gives_the_letters_elicitation_of_
     short = Item("short/0", "Which is a fruit?", ("car", "apple", "stone"), (1,))
     items = [long, short]
     features = letter_features(scorer, items, 1)
-    assert features.hidden.shape[1] % 512 == 0 and int(np.max(features.length)) > 1024
+    assert features.batch([0])[0].shape[1] % 512 == 0 and int(np.max(features.length)) > 1024
     params = top_params(scorer.model, 1)
     probs = np.asarray(distributions(predict_logits(scorer.config, params, scorer.model.output_embedding, features),
                                      features).probs)

@@ -28,19 +28,38 @@ from dcsjax.eval.protocols.dcs import letters_context
 
 
 class LetterFeatures(NamedTuple):
-    """N items, prompts padded to T tokens, up to K options (IDK included)."""
-    hidden: np.ndarray  # [N, T, D] float32: residual stream after the frozen layers
+    """N items, up to K options (IDK included). The residual stream is kept ragged, each prompt's rows one
+    after another, not padded to the longest prompt: MMLU's prompts run from under a hundred tokens to over
+    1,500, so a padded [N, T_max, D] array would be mostly padding (several GB for train-abstain's default data).
+    `batch` pads the rows a step reads, to that batch's own longest prompt."""
+    hidden: np.ndarray  # [S, D] float32: residual after the frozen layers; S = sum(length)
+    offset: np.ndarray  # [N] int64: item i's prompt is hidden[offset[i]:offset[i] + length[i]]
     length: np.ndarray  # [N] int32: prompt tokens (document start included); the last one is read out
     letters: np.ndarray  # [N, K] int32: each option letter's token id (0 where padded)
     correct: np.ndarray  # [N, K] bool (on an unanswerable item: the IDK option only)
     idk: np.ndarray  # [N, K] bool
     valid: np.ndarray  # [N, K] bool
 
-    def take(self, index) -> "LetterFeatures":
-        return LetterFeatures(*(x[index] for x in self))
-
     def __len__(self) -> int:
         return len(self.length)
+
+    def batch(self, index) -> tuple[np.ndarray, ...]:
+        """The arrays one step reads for items `index` (any shape [...]): hidden [..., t, D] zero past each
+        prompt, t = `cut_length` of these items; length [...]; letters, correct, idk, valid [..., K]."""
+        index = np.asarray(index)
+        t = cut_length(self.length[index])
+        at = np.arange(t)
+        inside = at < self.length[index][..., None]  # [..., t]
+        rows = np.where(inside, self.offset[index][..., None] + at, 0)
+        hidden = np.where(inside[..., None], self.hidden[rows], 0.0).astype(np.float32)
+        return (hidden, *(x[index] for x in (self.length, self.letters, self.correct, self.idk, self.valid)))
+
+
+def cut_length(length: np.ndarray) -> int:
+    """The prompt length a batch is run at: its longest prompt rounded up (`packing.round_up`: few shapes,
+    each one compile, little padding). Positions past a prompt are padding that no prompt token attends to,
+    so their values (zero here) change no logit."""
+    return round_up(int(np.max(length)))
 
 
 def letter_prompts(scorer, items: Sequence[Item], lc: float = 1.0, lw: float = 1.0):
@@ -68,31 +87,37 @@ def _frozen_residual(graphdef, state, num_layers: int, tokens, length):
 
 def letter_features(scorer, items: Sequence[Item], top_layers: int, *, lc: float = 1.0, lw: float = 1.0,
                     batch_size: int = 8, progress=None) -> LetterFeatures:
-    """The residual after the first (L - top_layers) layers for every item's letters prompt."""
+    """The residual after the first (L - top_layers) layers for every item's letters prompt. Prompts run
+    shortest first, each batch cut to its longest prompt (`cut_length`): one compile per length, and no
+    prompt pays for the longest one's padding."""
     c = scorer.config
     if not 1 <= top_layers <= c.num_layers:
         raise InputError(f"top_layers must lie in 1..{c.num_layers}, not {top_layers}")
     prompts = letter_prompts(scorer, items, lc, lw)
     n, k_max = len(items), max(len(letters) for _, letters, _ in prompts)
-    t = round_up(max(len(ids) for ids, _, _ in prompts))  # one padded length: one compile
-    tokens = np.zeros((n, t), np.int32)
     length = np.array([len(ids) for ids, _, _ in prompts], np.int32)
+    offset = np.concatenate([[0], np.cumsum(length[:-1], dtype=np.int64)]).astype(np.int64)
     letters = np.zeros((n, k_max), np.int32)
     correct, idk, valid = option_masks([len(x) for _, x, _ in prompts], [item.correct for item in items],
                                        [idk_index for _, _, idk_index in prompts], k_max)
-    for i, (ids, letter_ids, _) in enumerate(prompts):
-        tokens[i, :len(ids)] = ids
+    for i, (_, letter_ids, _) in enumerate(prompts):
         letters[i, :len(letter_ids)] = letter_ids
     graphdef, state = nnx.split(scorer.model)
-    hidden = np.zeros((n, t, c.hidden_size), np.float32)
+    hidden = np.zeros((int(length.sum()), c.hidden_size), np.float32)
+    by_length = np.argsort(length, kind="stable")
     for start in range(0, n, batch_size):
-        rows = np.arange(start, min(start + batch_size, n))
+        rows = by_length[start:start + batch_size]
         padded = np.resize(rows, batch_size)  # a full last batch (repeats rows): no second compile
-        out = _frozen_residual(graphdef, state, c.num_layers - top_layers, tokens[padded], length[padded])
-        hidden[rows] = np.asarray(out)[: len(rows)]
+        t = cut_length(length[padded])
+        tokens = np.zeros((batch_size, t), np.int32)
+        for r, i in enumerate(padded):
+            tokens[r, :length[i]] = prompts[i][0]
+        out = np.asarray(_frozen_residual(graphdef, state, c.num_layers - top_layers, tokens, length[padded]))
+        for r, i in enumerate(rows):
+            hidden[offset[i]:offset[i] + length[i]] = out[r, :length[i]]
         if progress is not None:
             progress(len(rows))
-    return LetterFeatures(hidden, length, letters, correct, idk, valid)
+    return LetterFeatures(hidden, offset, length, letters, correct, idk, valid)
 
 
 def save_features(features: LetterFeatures, path) -> None:

@@ -41,7 +41,6 @@ from jax.sharding import PartitionSpec as P
 
 from dcsjax.errors import ConfigError, stop_point
 from dcsjax.metrics.dcs import dcs, option_masses
-from dcsjax.engine.packing import round_up
 from dcsjax.metrics.calibration import ABSTENTION_METRICS, Distributions
 from dcsjax.nn.decoder import (
     LowRank, attention_masks, layer_flags, layer_param_shapes, normalize, readout_block, right_padded, rope_tables,
@@ -220,13 +219,6 @@ def _logits(c, params, embedding, hidden, length, letters):
     return letter_logits(c, params, embedding, hidden, length, letters)
 
 
-def cut_length(length: np.ndarray, padded: int) -> int:
-    """The prompt length a batch is run at: its longest prompt rounded up (`packing.round_up`: few shapes,
-    each one compile, little padding). Positions past a prompt are padding that no prompt token attends to,
-    so cutting them changes no logit."""
-    return min(padded, round_up(int(np.max(length))))
-
-
 def predict_logits(c, params, embedding, features: LetterFeatures, batch_size: int = 32) -> np.ndarray:
     """[N, K] letter logits for every item (padded options: meaningless, masked by `valid`). Items run in
     order of length, each batch cut to its longest prompt."""
@@ -235,9 +227,9 @@ def predict_logits(c, params, embedding, features: LetterFeatures, batch_size: i
     by_length = np.argsort(features.length, kind="stable")
     for start in range(0, n, batch_size):
         rows = by_length[start:start + batch_size]
-        idx = np.resize(rows, batch_size)  # a full last batch: one compile per length
-        t = cut_length(features.length[idx], features.hidden.shape[1])
-        logits = _logits(c, params, embedding, features.hidden[idx, :t], features.length[idx], features.letters[idx])
+        # a full last batch (repeats rows): one compile per length
+        hidden, length, letters, *_ = features.batch(np.resize(rows, batch_size))
+        logits = _logits(c, params, embedding, hidden, length, letters)
         out[rows] = np.asarray(logits)[: len(rows)]
     return out
 
@@ -426,9 +418,7 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
     while state.step < last_step and not state.progress["stopped"]:
         stop_point()
         idx = batch_indices(cfg.seed, state.step, cfg.accumulate, cfg.batch_size, len(train_set))
-        t = cut_length(train_set.length[idx], train_set.hidden.shape[1])
-        batch = (train_set.hidden[idx, :t], *(np.asarray(x)[idx] for x in (
-            train_set.length, train_set.letters, train_set.correct, train_set.idk, train_set.valid)))
+        batch = train_set.batch(idx)
         start = start_logits[idx]
         if mesh is not None:
             batch, start = jax.device_put((batch, start), batch_on_mesh(mesh, cfg.batch_size))
