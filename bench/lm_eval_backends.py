@@ -4,7 +4,7 @@
     python bench/lm_eval_backends.py                         # SmolLM2, 300 items (about 10 minutes on 2 cores)
     python bench/lm_eval_backends.py --model gemma3-270m --items 100
 
-The run: lm-eval's own arc_easy.yaml (multiple_choice, acc and acc_norm) over ITEMS BIG-bench items written
+The run: lm-eval's own arc_easy.yaml (multiple_choice, acc and acc_norm) over ITEMS MMLU items written
 in ARC's schema, plus the kept loglikelihood_rolling and generate_until configs of tests/lm_eval_tasks/.
 Each backend is timed from construction (model load, and for dcsjax its compiles) to lm-eval's results,
 and then again on a second evaluation with the model already loaded (what a sweep over many tasks pays

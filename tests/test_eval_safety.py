@@ -43,6 +43,7 @@ ITEMS = [{"id": f"q{i}", "question": f"What is {i} + {i}?", "choices": [str(2 * 
          for i in range(1, 4)]
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_threshold_is_refused_then_scored_anew(tmp_path):
     # DCS from letters: one token an option, so even a random model spreads its mass (sequence DCS of a random
     # model puts it all on the shortest option, "Unknown", where every threshold scores 0)
@@ -186,6 +187,7 @@ def test_loadings_outside_definition_1_are_flagged_in_the_summary_table_and_repo
     assert at_half["rows"][0]["loadings_note"] is None and "†" not in format_table(at_half)
 
 
+@pytest.mark.slow
 def test_report_skips_a_corrupt_line_and_leaves_the_file_unchanged(tmp_path):
     out = tmp_path / "out"
     evaluate(out, protocols=("dcs", "mcqa"), limit=8)  # no APS records: the report works on any protocols

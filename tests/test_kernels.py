@@ -75,6 +75,7 @@ def dot_precisions(jaxpr) -> list[tuple]:
     return found
 
 
+@pytest.mark.slow
 def test_float32_matmuls_ask_for_full_precision_and_bfloat16_ones_keep_the_default():
     """A GPU's default float32 matmul is TensorFloat-32 (4.8e-4 nats a token off on an H200, where this was found:
     docs/bench/gpu-h200-precision-*); no CPU shows it, so what is checked here is what the traced program asks

@@ -140,6 +140,7 @@ def test_unknown_model_args_are_named():
         DcsjaxLM(pretrained="smollm2-135m-instruct", temprature=0.5)
 
 
+@pytest.mark.slow
 def test_lm_eval_command_line_names_a_bad_model_arg_in_one_line(capsys, monkeypatch):
     from dcsjax.cli import main
 

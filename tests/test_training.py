@@ -141,10 +141,11 @@ def small_features(small_splits):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("top", [1, 3])
+@pytest.mark.parametrize("model_name,top", [(SMOL, 3), ("gemma3-270m", 1)])
 def test_cached_layers_give_the_letters_elicitation_of_eval(model_name, top, small_splits):
     """Frozen layers cached + top layers on top (the last read at one token) == the scorer's full forward
-    pass over the vocabulary, for both models (Gemma: sliding-window layers, base-model prompt)."""
+    pass over the vocabulary, for both models (Gemma: sliding-window layers, base-model prompt), with one
+    top layer and with several (each model at one depth: the depth is a number the same code reads)."""
     scorer = scorer_for(model_name)
     items = small_splits["dev"][:6]
     features = letter_features(scorer, items, top)
@@ -475,6 +476,7 @@ def test_the_experiment_grid_names_every_run_once():
     assert [(s.arm, s.seed) for s in grid if s.first_seed] == [("ce", 0), ("dcs+ce", 0), ("dcs+ce", 0), ("ce", 3), ("dcs+ce", 3)]
 
 
+@pytest.mark.slow
 def test_a_prompt_past_the_blockwise_threshold_gives_the_letters_elicitation_of_eval():
     """MMLU's longest questions give training prompts of more than 1,024 tokens, which attend through the
     blockwise path in whole tiles: cached frozen layers + the top layer equal eval's letter distribution there

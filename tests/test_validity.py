@@ -149,6 +149,7 @@ def test_aps_is_skipped_and_named_where_asked(tmp_path):  # MMLU: a card with no
     assert summary["skipped"][0]["protocol"] == "aps" and "qa-ppl" in summary["skipped"][0]["reason"]
 
 
+@pytest.mark.slow
 def test_sequence_dcs_under_each_idk_phrasing_against_direct_continuation_scores():
     """Each record's pIDK under each phrasing and normalisation, recomputed from `score_continuations`
     (each continuation scored on its own): the headline's pIDK is one phrasing's (paper 000's one abstention

@@ -47,10 +47,11 @@ def _log(msg: str) -> None:
 
 def cached_features(scorer, items, split: str, folder: Path, top_layers: int, lc: float, lw: float, progress: bool):
     """A split's frozen-layer features, computed once and kept in `folder` (keyed by what they depend on,
-    so changing the model, the layers, the items or the code recomputes them)."""
+    so changing the weights, the layers, the items or the code recomputes them)."""
     from dcsjax.eval.results import code_version
 
-    key = {"code": code_version(), "model": scorer.name, "top_layers": top_layers, "lc": lc, "lw": lw,
+    model = scorer.model_fingerprint or {"name": scorer.name}  # the weights' digest, not only their name
+    key = {"code": code_version(), "model": model, "top_layers": top_layers, "lc": lc, "lw": lw,
            "items": [i.id for i in items]}
     path, meta = folder / f"{split}.npz", folder / f"{split}.json"
     if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == key:
