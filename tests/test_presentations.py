@@ -58,15 +58,15 @@ def test_published_presentations_are_scored_as_written(tmp_path):
 
 
 def test_the_appended_option_is_in_every_dcs_presentation_and_in_no_other(tmp_path):
-    """MMLU has no IDK option: every DCS protocol appends one, worded as the card says; MCQA-LL, qa-ppl, APX and
-    APS score MMLU's own four options (APS from a statements file written here)."""
+    """MMLU has no IDK option: every DCS protocol (stated-risk too) appends one, worded as the card says; MCQA-LL,
+    qa-ppl, APX and APS score MMLU's own four options (APS from a statements file written here)."""
     items = load_task(resolve_task("mmlu:anatomy"))[0][:3]
     statements = tmp_path / "statements.jsonl"
     statements.write_text("".join(json.dumps({"id": i.id, "question": i.question, "choices": list(i.choices),
                                               "statements": [f"It is {c}." for c in i.choices]}) + "\n" for i in items))
     out = tmp_path / "out"
-    run_eval(SMOL, ["mmlu:anatomy"], ["aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters"], out, limit=3,
-             statements=statements, log_samples=True, scorer=tiny_scorer(), progress=False)
+    run_eval(SMOL, ["mmlu:anatomy"], ["aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters", "stated-risk"], out,
+             limit=3, statements=statements, log_samples=True, scorer=tiny_scorer(), progress=False)
     run_eval(SMOL, ["mmlu_dcs_paper:anatomy"], ["dcs", "dcs-letters"], out, limit=3, log_samples=True,
              scorer=tiny_scorer(), progress=False)
 
@@ -80,6 +80,10 @@ def test_the_appended_option_is_in_every_dcs_presentation_and_in_no_other(tmp_pa
             listed = re.findall(r"^([A-E])\. (.*)$", r["prompt"]["context"], flags=re.M)
             assert len(listed) == 5 and [text for _, text in listed].count(idk) == 1
             assert (PAPER_LINE in r["prompt"]["context"]) == (task != "mmlu:anatomy")
+    for r in records_of(out, "mmlu:anatomy", "stated-risk"):  # each stated target's prompt, and the unstated one
+        for context in [*r["prompt"]["contexts"], r["prompt"]["unstated"]]:
+            listed = re.findall(r"^([A-E])\. (.*)$", context, flags=re.M)
+            assert len(listed) == 5 and [text for _, text in listed].count("I don't know.") == 1
     for protocol in ("aps", "qa-ppl", "mcqa", "apx"):
         for r in records_of(out, "mmlu:anatomy", protocol):
             assert "know" not in texts(r) and not re.search(r"[A-E]\. \?", texts(r)), protocol

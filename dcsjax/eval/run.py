@@ -449,19 +449,16 @@ def summary_row(model: str, task: str, protocol: str, records: list[dict], error
 
 
 def chance_uniform(protocol: str, records: list[dict]) -> float | None:
-    """The headline a uniform answerer scores on the same presentations: for the DCS protocols, DCS of the
-    uniform distribution over the presented options and IDK, (lc |C| - lw |W|) / n x (1 - 1/n) per item
-    with the record's loadings; for the others, the share of an item's presented options that are correct.
-    None without records."""
+    """The headline a uniform answerer scores on the same presentations: the protocol's own reference where it
+    has one (the DCS protocols: DCS of the uniform distribution), else the share of an item's presented options
+    that are correct. None without records."""
+    from dcsjax.eval import protocols
+
     if not records:
         return None
-    if protocol in ("dcs", "dcs-letters"):
-        values = []
-        for r in records:
-            n = len(r["probs"])
-            correct = len({c for c in r["correct_options"] if c != r["idk_index"]})
-            values.append((r["lc"] * correct - r["lw"] * (n - 1 - correct)) / n * (1 - 1 / n))
-        return float(np.mean(values))
+    own = protocols.get(protocol).chance
+    if own is not None:
+        return own(records)
     shown = [p for r in records for p in r.get("order", {}).get("presentations", [])]
     return float(np.mean([len(p["gold"]) / p["size"] for p in shown])) if shown else None
 
@@ -516,6 +513,12 @@ def format_table(summary: dict, fmt: str = "text") -> str:
                      number(r["value"]) + (" †" if r.get("loadings_note") else ""), "-" if r["ci95"][0] is None else f"[{number(r['ci95'][0])}, {number(r['ci95'][1])}]",
                      number((r.get("chance") or {}).get("uniform")), const, "-" if spread is None else f"{spread:.3f}" + (" !" if r.get("warnings") else "")])
     lines = [render(header, rows, fmt, numeric=(3, 4, 6, 8))]
+    from dcsjax.eval import protocols
+
+    for name in dict.fromkeys(r["protocol"] for r in summary["rows"]):  # a protocol's own table, where it has one
+        details = protocols.get(name).details if name in protocols.PROTOCOLS else None
+        text = details([r for r in summary["rows"] if r["protocol"] == name], fmt) if details else ""
+        lines += ["", text] if text else []
     notes = [f"! {r['model']} {r['task']} {r['protocol']}: {w}" for r in summary["rows"] for w in r.get("warnings", [])]
     notes += [f"† {note}" for note in dict.fromkeys(r["loadings_note"] for r in summary["rows"] if r.get("loadings_note"))]
     quoted = set()  # a task's load errors are every protocol's: quoted once

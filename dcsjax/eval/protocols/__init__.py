@@ -55,6 +55,11 @@ class Protocol:
     merge_rotations: Callable | None = None  # (ctx, item, records, perms) -> the item's record
     unavailable: Callable[[Context], str | None] = field(default=lambda ctx: None)  # why it cannot run a task
     prompt: Callable[[Context, Item], object] | None = None  # the text(s) the model is given for a presented item
+    # the headline a uniform answerer scores on the same presentations (records -> value); None: the share of
+    # an item's presented options that are correct, the chance accuracy of a protocol that picks one option
+    chance: Callable[[list[dict]], float | None] | None = None
+    # a table of its own under the results table ((summary rows of this protocol, fmt) -> text)
+    details: Callable[[list[dict], str], str] | None = None
 
 
 def _aps_statements(ctx: Context):
@@ -80,7 +85,7 @@ def mcqa_presentation(card) -> dict:
 
 
 def _build() -> dict[str, Protocol]:
-    from dcsjax.eval.protocols import apx, aps, dcs, mcqa
+    from dcsjax.eval.protocols import apx, aps, dcs, mcqa, stated
 
     def dcs_settings(ctx):
         return {"lc": ctx.lc, "lw": ctx.lw}
@@ -130,7 +135,7 @@ def _build() -> dict[str, Protocol]:
                                                               ctx.card.mcqa_context),
                  prompt=lambda ctx, item: {"context": mcqa.mcqa_context(item, ctx.card.mcqa_context),
                                            "continuations": dcs.sequence_continuations(item, ctx.idk_phrasings)},
-                 summarise=dcs.summarise, headline=lambda r: r["dcs"], answer=idk_answer,
+                 summarise=dcs.summarise, headline=lambda r: r["dcs"], answer=idk_answer, chance=dcs.chance,
                  settings=lambda ctx: dcs_settings(ctx) | {
                      "context": ctx.card.mcqa_context, "idk_phrasings": list(ctx.idk_phrasings),
                      "answer_paraphrases": list(dcs.answer_forms(ctx.idk_phrasings)),  # the `paraphrased` control
@@ -143,13 +148,35 @@ def _build() -> dict[str, Protocol]:
                                                    dcs.letters_context(ctx.scorer, item, ctx.lc, ctx.lw,
                                                                        ctx.card.dcs_instruction)[:2])),
                  summarise=dcs.summarise, headline=lambda r: r["dcs"], answer=idk_answer, letters=True,
-                 idk_option=True,
+                 idk_option=True, chance=dcs.chance,
                  settings=lambda ctx: dcs_settings(ctx) | {"chat_template": dcs.letters_use_chat_template(ctx.scorer),
                                                            "idk_option": ctx.idk_phrasings[0]}
                  | ({"instruction": ctx.card.dcs_instruction} if ctx.card.dcs_instruction else {}),
                  merge_rotations=lambda ctx, item, records, perms: dcs.merge_letter_rotations(item, records, perms,
                                                                                            ctx.lc, ctx.lw)),
+        Protocol("stated-risk", PROTOCOL_HELP["stated-risk"],
+                 run=lambda ctx, items: stated.run_stated_risk(ctx.scorer, items, *_stated(ctx)),
+                 prompt=lambda ctx, item: {
+                     "contexts": [dcs.letters_context(ctx.scorer, item, 1.0, stated.penalty(t),
+                                                      stated.instruction(t, _stated(ctx)[1]))[0]
+                                  for t in _stated(ctx)[0]],
+                     "unstated": dcs.letters_context(ctx.scorer, item, 1.0, 1.0, stated.UNSTATED)[0]},
+                 summarise=stated.summarise, headline=lambda r: r["dcs"], answer=lambda r: r["choice"],
+                 letters=True, idk_option=True, chance=stated.chance, details=stated.table,
+                 settings=lambda ctx: {"thresholds": list(_stated(ctx)[0]), "wording": _stated(ctx)[1],
+                                       "unstated": stated.UNSTATED, "idk_option": ctx.idk_phrasings[0],
+                                       "chat_template": dcs.letters_use_chat_template(ctx.scorer)},
+                 merge_rotations=lambda ctx, item, records, perms: stated.merge_rotations(item, records, perms)),
     ]}
+
+
+def _stated(ctx: Context) -> tuple[tuple[float, ...], str]:
+    """The stated-risk protocol's targets and wording: the card's, else the protocol's defaults."""
+    from dcsjax.eval.protocols import stated
+
+    card = ctx.card
+    thresholds = tuple(float(t) for t in card.stated_thresholds) if card.stated_thresholds else stated.THRESHOLDS
+    return thresholds, card.stated_wording or stated.WORDING
 
 
 _REGISTRY: dict[str, Protocol] | None = None
@@ -162,7 +189,8 @@ def registry() -> dict[str, Protocol]:
     return _REGISTRY
 
 
-PROTOCOLS = ("aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters")  # registry order, importable without jax
+# registry order, importable without jax
+PROTOCOLS = ("aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters", "stated-risk")
 PROTOCOL_HELP = {  # one line each, for `--help` (which must not wait for jax to import)
     "aps": "perplexity ranking of declarative statements (002 §2)",
     "qa-ppl": "perplexity ranking of question + option texts (the card's qa_template; not APS)",
@@ -170,6 +198,8 @@ PROTOCOL_HELP = {  # one line each, for `--help` (which must not wait for jax to
     "apx": "the prompted answer letter, greedy, parsed as D.2 (002 §2, App. D)",
     "dcs": "DCS from option + IDK continuation likelihoods, under IDK phrasings and normalisations",
     "dcs-letters": "DCS from the next-token probabilities of the option letters, IDK a lettered option",
+    "stated-risk": "dcs-letters with the scoring rule and target t stated in the prompt, at several t: does "
+                   "abstention follow t?",
 }
 DCS_PROTOCOLS = ("dcs", "dcs-letters")  # the protocols whose headline is DCS, under the run's loadings
 

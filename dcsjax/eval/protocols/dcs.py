@@ -212,3 +212,16 @@ def summarise(records: list[dict]) -> dict:
         singles = [v for k, v in out["dcs_by_idk"].items() if k not in CLASSES]
         out["idk_spread"] = max(singles) - min(singles)
     return out
+
+
+def chance(records: list[dict]) -> float | None:
+    """DCS of the uniform distribution over the presented options and IDK, (lc |C| - lw |W|) / n x (1 - 1/n)
+    per item with the record's loadings: the headline a uniform answerer scores on the same presentations."""
+    if not records:
+        return None
+    values = []
+    for r in records:
+        n = len(r["probs"])
+        correct = len({c for c in r["correct_options"] if c != r["idk_index"]})
+        values.append((r["lc"] * correct - r["lw"] * (n - 1 - correct)) / n * (1 - 1 / n))
+    return float(np.mean(values))

@@ -1,0 +1,145 @@
+"""The stated-risk protocol: the prompt at each target t states the penalty the score uses (lw = t/(1-t)); its
+DCS per t against a numpy computation from the same probabilities; the abstention slope and the implied policy
+on a hand-made model whose answers are known; the registry carries the protocol's chance reference and table,
+so the orchestrator names no protocol for them."""
+
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dcsjax.data.items import Item
+from dcsjax.data.tasks import resolve_task
+from dcsjax.eval import protocols
+from dcsjax.eval.protocols import stated
+from dcsjax.eval.run import format_table, summary_row
+
+ITEMS = [Item("q/0", "Which planet is the largest?", ("Mars", "Jupiter", "Venus", "Mercury"), (1,)),
+         Item("q/1", "Which gas do plants take in?", ("Oxygen", "Helium", "Carbon dioxide", "Neon"), (2,))]
+
+
+class RuleFollower:
+    """A model that reads the stated target from the prompt and follows it: over the options it puts its
+    confidence `confidence` on one option (the right one where `knows`, else the first wrong one) and the rest
+    evenly; it answers when its confidence exceeds the stated t and abstains otherwise (the abstention letter
+    then takes most of the mass). With no target stated it answers."""
+    is_instruct = False
+    document_start_id = 0
+
+    def __init__(self, confidence: float = 0.7, knows: bool = True):
+        self.confidence, self.knows = confidence, knows
+        self.tokenizer = SimpleNamespace(chat_template=None)
+
+    def score_options(self, prompts, letter_lists):
+        out = []
+        for prompt, letters in zip(prompts, letter_lists):
+            texts = dict(re.findall(r"^([A-Z])\. (.*)$", prompt, flags=re.M))
+            shown = [texts[x.strip()] for x in letters]
+            idk = shown.index("I don't know.")
+            item = next(i for i in ITEMS if i.question in prompt)
+            right = item.choices[item.correct[0]]
+            pick = right if self.knows else next(c for c in item.choices if c != right)
+            target = re.search(r"> ([0-9.]+) confident", prompt)
+            t = float(target.group(1)) if target else 0.0
+            answers = [j for j in range(len(shown)) if j != idk]
+            p = np.zeros(len(shown))
+            for j in answers:
+                p[j] = self.confidence if shown[j] == pick else (1 - self.confidence) / (len(answers) - 1)
+            if self.confidence > t:  # answer: a little mass on abstaining
+                p = 0.9 * p
+                p[idk] = 0.1
+            else:  # abstain
+                p = 0.1 * p
+                p[idk] = 0.9
+            out.append(np.log(p))
+        return out
+
+
+def context(model):
+    return protocols.Context(model, resolve_task("mmlu"))
+
+
+def records_of(model, thresholds=stated.THRESHOLDS):
+    ctx = protocols.Context(model, resolve_task("mmlu"))
+    if thresholds != stated.THRESHOLDS:
+        from dataclasses import replace
+
+        ctx = replace(ctx, card=replace(ctx.card, stated_thresholds=list(thresholds)))
+    return protocols.score(protocols.get("stated-risk"), ctx, ITEMS, "source", 0), ctx
+
+
+def numpy_dcs(probs, correct, idk, lw):
+    probs = np.asarray(probs, np.float64)
+    wrong = [j for j in range(len(probs)) if j not in correct and j != idk]
+    return (probs[list(correct)].sum() - lw * probs[wrong].sum()) * (1 - probs[idk])
+
+
+@pytest.mark.parametrize("t, said", [(0.0, "0"), (0.5, "1"), (0.6, "1.5"), (0.75, "3"), (0.9, "9")])
+def test_the_prompt_states_the_penalty_that_the_score_uses(t, said):
+    records, ctx = records_of(RuleFollower(), (t,))
+    shown = protocols.options.with_idk(ITEMS[0], "I don't know.")
+    (prompt,) = protocols.get("stated-risk").prompt(ctx, shown)["contexts"]
+    assert f"> {stated.number(t)} confident" in prompt and f"penalised {said} points" in prompt
+    assert prompt.count("I don't know.") == 1  # the appended option, lettered among the others
+    assert records[0]["stated"][0]["lw"] == pytest.approx(t / (1 - t)) == pytest.approx(float(said))
+
+
+def test_dcs_per_target_equals_numpy_on_the_same_probabilities():
+    for model in (RuleFollower(0.7, knows=True), RuleFollower(0.8, knows=False)):
+        records, _ = records_of(model)
+        for r in records:
+            for k, t in enumerate(r["thresholds"]):
+                s = r["stated"][k]
+                assert s["dcs"] == pytest.approx(numpy_dcs(s["probs"], r["correct_options"], r["idk_index"],
+                                                           t / (1 - t)), abs=1e-5)
+                assert r["unstated_dcs"][k] == pytest.approx(numpy_dcs(r["unstated"]["probs"], r["correct_options"],
+                                                                       r["idk_index"], t / (1 - t)), abs=1e-5)
+            assert r["dcs"] == pytest.approx(np.mean([s["dcs"] for s in r["stated"]]))
+
+
+def test_a_model_that_follows_the_stated_target_has_the_known_slope_and_agrees_with_its_implied_policy():
+    """Confidence 0.7: it answers at t = 0 and 0.5 and abstains at 0.75 and 0.9. Its per-item slope is the
+    least-squares slope of (0, 0, 1, 1) on t; its unstated confidence (0.7 among the options) implies the same
+    decisions, so it agrees with them at every t; answering right, its accuracy on answered items is 1."""
+    records, _ = records_of(RuleFollower(0.7))
+    assert [[s["abstained"] for s in r["stated"]] for r in records] == [[False, False, True, True]] * 2
+    want = np.polyfit(stated.THRESHOLDS, [0, 0, 1, 1], 1)[0]
+    np.testing.assert_allclose(stated.abstention_slope(records), [want, want])
+    summary = stated.summarise(records)
+    assert summary["abstention_slope"]["value"] == pytest.approx(want)
+    assert summary["abstention_slope"]["ci95"] == pytest.approx([want, want])  # every item the same
+    for t, m in summary["by_t"].items():
+        assert m["agrees_with_implied"] == 1.0
+        assert m["answer_rate"] == (1.0 if float(t) < 0.7 else 0.0)
+        assert m["accuracy_answered"] == (1.0 if float(t) < 0.7 else None)
+        assert m["truthfulness"] == (1.0 if float(t) < 0.7 else 0.0)  # answered right, or abstained
+    # a model that ignores the target (answers throughout, confidently wrong): slope 0, and its mistakes cost lw
+    ignores = stated.summarise(records_of(RuleFollower(0.95, knows=False))[0])
+    assert ignores["abstention_slope"]["value"] == 0.0
+    assert ignores["by_t"]["0.75"]["truthfulness"] == pytest.approx(-3.0)
+    assert ignores["by_t"]["0.75"]["hallucination_rate"] == 1.0
+
+
+def test_the_chance_reference_is_the_uniform_distributions_dcs_at_each_target():
+    records, _ = records_of(RuleFollower())
+    n = len(records[0]["unstated"]["probs"])  # four options and the abstention option
+    uniform = np.full(n, 1 / n)
+    want = np.mean([numpy_dcs(uniform, [1], n - 1, t / (1 - t)) for t in stated.THRESHOLDS])
+    assert stated.chance(records) == pytest.approx(want)
+    for t, m in stated.summarise(records)["by_t"].items():
+        assert m["uniform_dcs"] == pytest.approx(numpy_dcs(uniform, [1], n - 1, stated.penalty(float(t))))
+
+
+def test_the_orchestrator_takes_a_protocols_chance_and_table_from_the_registry(monkeypatch):
+    """A protocol registered under a new name: the summary row's chance reference and the table under the
+    results table are its own, with no line of the orchestrator naming it."""
+    fake = protocols.Protocol("made-up", "a protocol the orchestrator has never heard of",
+                              run=lambda ctx, items: [], summarise=lambda records: {"score": 0.25},
+                              headline=lambda r: r["score"], answer=lambda r: None,
+                              chance=lambda records: 0.125, details=lambda rows, fmt: "made-up's own table")
+    monkeypatch.setattr(protocols, "PROTOCOLS", (*protocols.PROTOCOLS, "made-up"))
+    monkeypatch.setitem(protocols.registry(), "made-up", fake)
+    row = summary_row("m", "t", "made-up", [{"id": "a", "score": 0.25}], 0, 1.0, 1.0, "fp", {}, 0.0)
+    assert row["chance"]["uniform"] == 0.125 and row["value"] == 0.25
+    assert "made-up's own table" in format_table({"rows": [row]})
