@@ -143,3 +143,16 @@ def test_the_orchestrator_takes_a_protocols_chance_and_table_from_the_registry(m
     row = summary_row("m", "t", "made-up", [{"id": "a", "score": 0.25}], 0, 1.0, 1.0, "fp", {}, 0.0)
     assert row["chance"]["uniform"] == 0.125 and row["value"] == 0.25
     assert "made-up's own table" in format_table({"rows": [row]})
+
+
+def test_the_report_draws_abstention_and_accuracy_on_answered_against_t(tmp_path):
+    from dcsjax.analysis.report import stated_risk_figure, stated_table
+
+    rows = [{"model": name, "task": "q", "metrics": stated.summarise(records_of(model)[0])}
+            for name, model in (("follows", RuleFollower(0.7)), ("ignores", RuleFollower(0.95, knows=False)))]
+    stated_risk_figure(rows, tmp_path / "stated_risk.png")
+    assert (tmp_path / "stated_risk.png").stat().st_size > 0
+    table = stated_table(rows)
+    lines = [line for line in table.splitlines() if line.startswith("| follows") or line.startswith("| ignores")]
+    assert [line.split("|")[3].strip() for line in lines] == ["0", "0.5", "0.75", "0.9"] * 2
+    assert "- follows q: abstention rises by 1.232 [1.232, 1.232]" in table  # (0, 0, 1, 1) on t: least squares

@@ -467,6 +467,50 @@ def risk_coverage_figure(models: dict[str, ModelResults], tasks: list[str], path
     plt.close(fig)
 
 
+def stated_table(rows: list[dict]) -> str:
+    from dcsjax.eval.protocols import stated
+
+    return stated.table(rows, "markdown")
+
+
+def stated_rows(models: dict[str, ModelResults]) -> list[dict]:
+    """The stated-risk protocol's summary per model x task (`stated.summarise`), as `stated.table` reads it."""
+    from dcsjax.eval.protocols import stated
+
+    return [{"model": m.name, "task": task, "metrics": stated.summarise(by["stated-risk"])}
+            for m in models.values() for task, by in sorted(m.records.items()) if by.get("stated-risk")]
+
+
+def stated_risk_figure(rows: list[dict], path: Path) -> None:
+    """Per task: each model's abstention rate (solid) and accuracy on answered items (dashed) against the stated
+    target t, and the diagonal: a behaviourally calibrated model answers only above confidence t, so its
+    accuracy on answered items stays on or above it, and its abstention rises with t."""
+    plt = _plt()
+    tasks = sorted({r["task"] for r in rows})
+    fig, axes = _task_grid(plt, tasks)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    models = sorted({r["model"] for r in rows})
+    for ax, task in zip(axes, tasks):
+        ax.plot([0, 1], [0, 1], ":", color="grey", label="accuracy = t")
+        for r in (r for r in rows if r["task"] == task):
+            colour = colours[models.index(r["model"]) % len(colours)]
+            ts = [float(t) for t in r["metrics"]["by_t"]]
+            by = list(r["metrics"]["by_t"].values())
+            ax.plot(ts, [1 - m["answer_rate"] for m in by], "o-", color=colour, label=f"{r['model']}: abstention")
+            acc = [(t, m["accuracy_answered"]) for t, m in zip(ts, by) if m["accuracy_answered"] is not None]
+            if acc:
+                ax.plot(*zip(*acc), "s--", color=colour, label=f"{r['model']}: accuracy answered")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("stated target t (penalty t/(1-t))")
+        ax.set_ylabel("share")
+        _legend(ax, fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def ppl_figure(models: dict[str, ModelResults], tasks: list[str], path: Path) -> None:
     """APS: the PPL gap between the first and second choice (002 E.3) and the PPL of the correct statement
     (E.2), per task and model."""
@@ -519,6 +563,9 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
     if positions:
         positions_figure(positions, out / "positions.png")
     idk = idk_rows(models)
+    stated_risk = stated_rows(models)
+    if stated_risk:
+        stated_risk_figure(stated_risk, out / "stated_risk.png")
     has_aps = any(m.records[t].get("aps") for m in models.values() for t in m.records)
     if has_aps:
         ppl_figure(models, tasks, out / "ppl.png")
@@ -544,7 +591,9 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
         "lw > lc, outside Definition 1, so mean DCS can fall below -1)",
         "- ![Risk-coverage curves](risk_coverage.png)",
         *(["- ![APS perplexities](ppl.png)"] if has_aps else []),
-        *(["- ![Where gold options and answers sit](positions.png)"] if positions else []), "",
+        *(["- ![Where gold options and answers sit](positions.png)"] if positions else []),
+        *(["- ![Abstention and accuracy on answered items against the stated target](stated_risk.png)"]
+          if stated_risk else []), "",
         "## Scaling fits", "",
         *(f"- {n}" for n in notes or ["no model sizes known: pass --sizes"]),
         *([f"- no size known for {', '.join(unsized)} (add it with --sizes)"] if unsized else []), "",
@@ -572,6 +621,12 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
         "phrasings' probabilities, a companion that always sits nearest 0; 'paraphrased' = its control, each "
         "answer option said as many ways as IDK, bare, 'The answer is ...' and 'The answer to this question is "
         "...', summed as the phrasings are), and with IDK = 'any' under each normalisation.", "", idk_table(idk), "",
+        *(["## Stated risk", "",
+           "The stated-risk protocol (docs/protocols.md): the scoring rule and its target t told to the model. Each "
+           "DCS with its 95% interval beside the uniform answerer's at the same t; accuracy on answered items "
+           "against t (a behaviourally calibrated model keeps it at least t); T = accuracy - lw x hallucinations; "
+           "DCS with t not stated at the same loadings, and the paired difference.", "",
+           stated_table(stated_risk), ""] if stated_risk else []),
         "## Every metric", "", markdown_table(rows), "",
     ]
     summary = out / "summary.md"

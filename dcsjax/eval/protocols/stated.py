@@ -200,4 +200,5 @@ def table(rows: list[dict], fmt: str = "text") -> str:
                           "(per-item least-squares slope, mean over items; 0: the stated target is ignored)")
     if not lines:
         return ""
-    return "\n".join(["stated risk, per target t (lw = t/(1-t)):", render(header, lines, fmt), *slopes])
+    return "\n".join(["stated risk, per target t (lw = t/(1-t)):", "", render(header, lines, fmt), "",
+                      *(f"- {line}" if fmt == "markdown" else line for line in slopes)])
