@@ -449,6 +449,22 @@ def positions_figure(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _unit_panel(ax, task: str, xlabel: str, ylabel: str) -> None:
+    """A task's panel of shares on both axes, [0, 1] x [0, 1]."""
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_title(task, fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    _legend(ax, fontsize=6)
+
+
+def _save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def risk_coverage_figure(models: dict[str, ModelResults], tasks: list[str], path: Path) -> None:
     plt = _plt()
     fig, axes = _task_grid(plt, tasks)
@@ -456,15 +472,8 @@ def risk_coverage_figure(models: dict[str, ModelResults], tasks: list[str], path
         for colour, style, label, d in _each_distribution(models, task):
             coverage, risk = risk_coverage(d)
             ax.plot(coverage, risk, style, color=colour, label=f"{label} (AURC {float(aurc(d)):.2f})")
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
-        ax.set_title(task, fontsize=9)
-        ax.set_xlabel("coverage (share answered, most confident first)")
-        ax.set_ylabel("risk (error rate)")
-        _legend(ax, fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        _unit_panel(ax, task, "coverage (share answered, most confident first)", "risk (error rate)")
+    _save(plt, fig, path)
 
 
 def stated_table(rows: list[dict]) -> str:
@@ -500,15 +509,8 @@ def stated_risk_figure(rows: list[dict], path: Path) -> None:
             acc = [(t, m["accuracy_answered"]) for t, m in zip(ts, by) if m["accuracy_answered"] is not None]
             if acc:
                 ax.plot(*zip(*acc), "s--", color=colour, label=f"{r['model']}: accuracy answered")
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
-        ax.set_title(task, fontsize=9)
-        ax.set_xlabel("stated target t (penalty t/(1-t))")
-        ax.set_ylabel("share")
-        _legend(ax, fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        _unit_panel(ax, task, "stated target t (penalty t/(1-t))", "share")
+    _save(plt, fig, path)
 
 
 def ppl_figure(models: dict[str, ModelResults], tasks: list[str], path: Path) -> None:
