@@ -145,6 +145,20 @@ def test_the_orchestrator_takes_a_protocols_chance_and_table_from_the_registry(m
     assert "made-up's own table" in format_table({"rows": [row]})
 
 
+def test_the_report_pools_a_models_tasks_item_by_item():
+    from dcsjax.analysis.report import ModelResults, stated_rows
+
+    m = ModelResults("follows", None, None)
+    m.records["a"]["stated-risk"] = records_of(RuleFollower(0.7))[0]
+    m.records["b"]["stated-risk"] = records_of(RuleFollower(0.95, knows=False))[0]
+    rows = {r["task"]: r["metrics"] for r in stated_rows({"follows": m})}
+    assert list(rows) == ["a", "b", "all 2 tasks"]
+    pooled = rows["all 2 tasks"]["by_t"]["0.75"]  # two items answered wrongly, two abstaining
+    assert pooled["answer_rate"] == 0.5 and pooled["hallucination_rate"] == 0.5
+    assert rows["all 2 tasks"]["abstention_slope"]["value"] == pytest.approx(
+        np.polyfit(stated.THRESHOLDS, [0, 0, 1, 1], 1)[0] / 2)
+
+
 def test_the_report_draws_abstention_and_accuracy_on_answered_against_t(tmp_path):
     from dcsjax.analysis.report import stated_risk_figure, stated_table
 

@@ -483,11 +483,19 @@ def stated_table(rows: list[dict]) -> str:
 
 
 def stated_rows(models: dict[str, ModelResults]) -> list[dict]:
-    """The stated-risk protocol's summary per model x task (`stated.summarise`), as `stated.table` reads it."""
+    """The stated-risk protocol's summary per model x task (`stated.summarise`), as `stated.table` reads it,
+    and per model over all its tasks pooled (item by item) where they share their targets."""
     from dcsjax.eval.protocols import stated
 
-    return [{"model": m.name, "task": task, "metrics": stated.summarise(by["stated-risk"])}
-            for m in models.values() for task, by in sorted(m.records.items()) if by.get("stated-risk")]
+    rows = []
+    for m in models.values():
+        tasks = {task: by["stated-risk"] for task, by in sorted(m.records.items()) if by.get("stated-risk")}
+        rows += [{"model": m.name, "task": task, "metrics": stated.summarise(records)}
+                 for task, records in tasks.items()]
+        if len(tasks) > 1 and len({tuple(r[0]["thresholds"]) for r in tasks.values()}) == 1:
+            pooled = [r for records in tasks.values() for r in records]
+            rows.append({"model": m.name, "task": f"all {len(tasks)} tasks", "metrics": stated.summarise(pooled)})
+    return rows
 
 
 def stated_risk_figure(rows: list[dict], path: Path) -> None:
