@@ -29,7 +29,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from dcsjax.data.items import LETTERS, Item
-from dcsjax.metrics.dcs import dcs_parts, softmax_over_options
+from dcsjax.metrics.dcs import dcs as dcs_of_masses, dcs_parts, softmax_over_options
 from dcsjax.eval.protocols import ANSWER_PARAPHRASES, IDK_CONTINUATION, IDK_PHRASINGS  # the registry holds the wordings
 from dcsjax.eval.protocols.mcqa import MCQA_CONTEXT, mcqa_context, normalised
 
@@ -214,14 +214,16 @@ def summarise(records: list[dict]) -> dict:
     return out
 
 
+def uniform_dcs(n: int, n_correct: int, lc: float, lw: float) -> float:
+    """DCS of the uniform distribution over n presented options, IDK one of them and n_correct of the others
+    correct: (lc |C| - lw |W|) / n x (1 - 1/n)."""
+    return float(dcs_of_masses(n_correct / n, (n - 1 - n_correct) / n, 1 / n, lc, lw))
+
+
 def chance(records: list[dict]) -> float | None:
-    """DCS of the uniform distribution over the presented options and IDK, (lc |C| - lw |W|) / n x (1 - 1/n)
-    per item with the record's loadings: the headline a uniform answerer scores on the same presentations."""
+    """The headline a uniform answerer scores on the same presentations: `uniform_dcs` per item with the
+    record's loadings."""
     if not records:
         return None
-    values = []
-    for r in records:
-        n = len(r["probs"])
-        correct = len({c for c in r["correct_options"] if c != r["idk_index"]})
-        values.append((r["lc"] * correct - r["lw"] * (n - 1 - correct)) / n * (1 - 1 / n))
-    return float(np.mean(values))
+    return float(np.mean([uniform_dcs(len(r["probs"]), len({c for c in r["correct_options"] if c != r["idk_index"]}),
+                                      r["lc"], r["lw"]) for r in records]))

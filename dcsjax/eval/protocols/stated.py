@@ -22,6 +22,7 @@ import numpy as np
 
 from dcsjax.data.items import Item
 from dcsjax.eval.protocols import dcs
+from dcsjax.metrics.dcs import dcs as dcs_of_masses
 
 THRESHOLDS = (0.0, 0.5, 0.75, 0.9)
 # Kalai et al.'s wording; {t} is the target and {penalty} the cost of a mistake, t/(1-t), as numbers (`number`).
@@ -76,7 +77,7 @@ def item_record(item: Item, stated: Sequence[dict], unstated: dict, thresholds: 
         "thresholds": [float(t) for t in thresholds],
         "stated": [_decision(r) for r in stated],
         "unstated": _decision(unstated),
-        "unstated_dcs": [float((p_c - penalty(t) * p_w) * (1 - p_idk)) for t in thresholds],
+        "unstated_dcs": [float(dcs_of_masses(p_c, p_w, p_idk, 1.0, penalty(t))) for t in thresholds],
         "implied_answer": [conf > t for t in thresholds],
         "confidence": conf,
         # the headline: the stated rules' DCS averaged over the targets (each at its own loadings)
@@ -109,11 +110,6 @@ def merge_rotations(item: Item, records: Sequence[dict], perms: Sequence[Sequenc
     return item_record(item, stated, merged(lambda r: r["unstated"], 1.0), thresholds)
 
 
-def uniform_dcs(n: int, n_correct: int, t: float) -> float:
-    """DCS of the uniform distribution over n presented options (abstention included) at target t."""
-    return (n_correct - penalty(t) * (n - 1 - n_correct)) / n * (1 - 1 / n)
-
-
 def chance(records: list[dict]) -> float | None:
     """The headline of a uniform answerer on the same presentations: its DCS averaged over the targets."""
     if not records:
@@ -122,7 +118,7 @@ def chance(records: list[dict]) -> float | None:
     for r in records:
         n = len(r["unstated"]["probs"])
         n_correct = len({c for c in r["correct_options"] if c != r["idk_index"]})
-        values.append(np.mean([uniform_dcs(n, n_correct, t) for t in r["thresholds"]]))
+        values.append(np.mean([dcs.uniform_dcs(n, n_correct, 1.0, penalty(t)) for t in r["thresholds"]]))
     return float(np.mean(values))
 
 
@@ -158,8 +154,9 @@ def summarise(records: list[dict]) -> dict:
         wrong = float(np.mean([(not d["abstained"]) and not d["correct"] for d in s]))
         stated_dcs = np.asarray([d["dcs"] for d in s])
         unstated_dcs = np.asarray([r["unstated_dcs"][k] for r in records])
-        uniform = [uniform_dcs(len(r["unstated"]["probs"]),
-                               len({c for c in r["correct_options"] if c != r["idk_index"]}), t) for r in records]
+        uniform = [dcs.uniform_dcs(len(r["unstated"]["probs"]),
+                                   len({c for c in r["correct_options"] if c != r["idk_index"]}), 1.0, penalty(t))
+                   for r in records]
         by_t[number(t)] = {
             "lw": penalty(t), "dcs": interval(stated_dcs), "uniform_dcs": float(np.mean(uniform)),
             "answer_rate": 1.0 - float(np.mean([d["abstained"] for d in s])),
