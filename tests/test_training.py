@@ -365,7 +365,7 @@ def test_blocks_under_checkpoint_keep_the_gradients_and_shrink_the_step_memory(s
     key = jax.random.PRNGKey(2)
     lora = {"lora": {name: {"a": pair["a"], "b": 0.02 * jax.random.normal(jax.random.fold_in(key, i), pair["b"].shape)}
                      for i, (name, pair) in enumerate(sorted(init_trainable(cfg, base)["lora"].items()))}}
-    arrays = [np.asarray(x) for x in data]
+    arrays = data.batch(np.arange(len(data)))
 
     def loss(params):
         logits = letter_logits(scorer.config, adapted(cfg, params, base, True), scorer.model.output_embedding,
