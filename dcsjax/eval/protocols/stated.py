@@ -65,13 +65,8 @@ def item_record(item: Item, stated: Sequence[dict], unstated: dict, thresholds: 
     """One item's record: each stated target's decision, the unstated one, and what the unstated distribution
     implies at each target (its DCS at that target's loadings; answer iff confidence > t)."""
     idk_index = unstated["idk_index"]
-    probs = np.asarray(unstated["probs"], np.float64)
-    correct = np.zeros(len(probs), bool)
-    correct[list(item.correct)] = True
-    wrong = ~correct
-    wrong[idk_index] = False
-    p_c, p_w, p_idk = probs[correct].sum(), probs[wrong].sum(), probs[idk_index]
-    conf = confidence(probs, idk_index)
+    p_c, p_w, p_idk = unstated["p_correct"], unstated["p_wrong"], unstated["p_idk"]  # `metrics.dcs.option_masses`
+    conf = confidence(unstated["probs"], idk_index)
     return {
         "id": item.id, "correct_options": list(item.correct), "idk_index": idk_index, "answerable": item.answerable,
         "thresholds": [float(t) for t in thresholds],
