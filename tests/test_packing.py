@@ -15,7 +15,8 @@ BUCKETS = (64, 128, 256)
        batch_size=st.integers(1, 9), pack=st.booleans(), max_tokens=st.sampled_from([None, 256, 1024]))
 def test_every_part_is_placed_once_and_alone(shapes, batch_size, pack, max_tokens):
     rng = np.random.default_rng(len(shapes))
-    groups = [Group(tuple(rng.integers(1, 1000, p)), tuple(tuple(rng.integers(1, 1000, s)) for s in suffixes))
+    groups = [Group(tuple(rng.integers(1, 1000, p)), tuple(tuple(rng.integers(1, 1000, s)) for s in suffixes),
+                    context=int(rng.integers(0, p + 1)))  # the prefix's first `context` predictions not wanted
               for p, suffixes in shapes]
     groups = [g for g in groups if g.room <= BUCKETS[-1]]
     if not groups:
@@ -31,6 +32,19 @@ def test_every_part_is_placed_once_and_alone(shapes, batch_size, pack, max_token
         batch = make_batch(groups, bucket, rows, size)
         assert batch.tokens.shape == (size, bucket)
         occupied = np.zeros((size, bucket), bool)
+        # the columns computed: every wanted prediction once, in the fewest multiples of 64 (or the whole row)
+        width = batch.scored.shape[1]
+        assert batch.scored.shape == batch.wanted.shape == (size, width) and width <= bucket and width % 64 == 0
+        wanted = np.zeros((size, bucket), bool)
+        for s in batch.spans:
+            skip = groups[s.group].context if s.part < 0 else 0
+            wanted[s.row, s.start + skip:s.start + s.length - 1] = True
+        computed = batch.spread(np.ones(batch.scored.shape, bool), False)
+        assert (computed == wanted).all()
+        has_context = any(groups[g].context for row in rows for g in row)
+        assert width == (min(bucket, max(64, -(-wanted.sum(1).max() // 64) * 64)) if has_context else bucket)
+        for r in range(size):
+            assert len(set(batch.scored[r][batch.wanted[r]])) == batch.wanted[r].sum()
         prefix_segment = {}
         for s in batch.spans:
             group = groups[s.group]

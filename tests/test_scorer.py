@@ -94,6 +94,42 @@ def test_shared_question_equals_each_pair_alone(model_name):
         assert abs(score - ref[len(ctx_ids):].mean()) < 1e-4
 
 
+def test_options_after_a_long_question_run_only_their_own_tokens_through_the_head(tiny, monkeypatch):
+    """A shared question's prefix is context: the vocabulary head runs on the options' columns only (64 of a
+    row's 256 here), the prefix's predictions come back NaN, and the options' scores equal each pair scored
+    alone as one whole sequence (every column through the head)."""
+    import dcsjax.engine.batches as batches
+    from dcsjax.engine.packing import Group
+
+    widths = []
+    real = batches.make_batch
+    monkeypatch.setattr(batches, "make_batch", lambda *a: (lambda b: widths.append(b.scored.shape) or b)(real(*a)))
+    question = " ".join(PASSAGE.split()[:120]) + "\nAnswer:"
+    options = [" yes", " no", " the passage does not say"]
+    shared = tiny.score_options([question], [options])[0]
+    assert [w for _, w in widths] == [64] and len(tiny.encode([question])[0]) > 128
+    widths.clear()
+    alone = tiny.score_continuations([question] * 3, options)
+    assert widths and all(w >= 128 for _, w in widths)  # whole sequences: every column
+    np.testing.assert_allclose(shared, alone, rtol=0, atol=1e-5)
+    ids = tiny.encode([question])[0]
+    (prefix, suffixes), = tiny._run_groups([Group((tiny.document_start_id, *ids[:-1]), ((ids[-1], 5, 6),),
+                                                  context=len(ids))])
+    assert np.isnan(prefix).all() and len(prefix) == len(ids) - 1 and np.isfinite(suffixes[0]).all()
+    # bit for bit whatever shares the batch: options of 1 to 90 words with their questions, which gather 64 to
+    # 256 of a row's columns, at three batch sizes, packed and not
+    words = PASSAGE.split()
+    contexts = [" ".join(words[i:i + 5 + 9 * i]) + "\nAnswer:" for i in range(8)]
+    options = [[" " + " ".join(words[j:j + 1 + (j * 13) % 90]) for j in range(i, i + 3)] for i in range(8)]
+    widths.clear()
+    runs = [tiny.replace(batch_size=b, pack=pack).score_options(contexts, options)
+            for b, pack in ((1, False), (3, True), (16, True))]
+    assert {w for _, w in widths} >= {64, 128}, widths
+    for run in runs[1:]:
+        for a, b in zip(runs[0], run):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_a_scorer_is_immutable_and_replace_shares_the_model(tiny):
     """Settings are fixed at construction (a caller cannot change a scorer under another's feet); `replace`
     gives one with other settings over the same model and parameters, checked as the constructor checks."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -25,12 +26,17 @@ from dcsjax.nn.decoder import Decoder
 from dcsjax.nn.sharding import batch_sharding
 
 
-def _forward(graphdef, vocab_chunk: int, mesh, state, tokens, positions, segment_ids, attend_to, targets):
-    """([B, T] float32 log p(targets[b, t] | what row b's token t sees), [B, T] bool: the target is the
-    argmax), junk where t has no target. On a mesh, the parameters and rows arrive sharded and the
-    vocabulary is scanned shard by shard."""
+def _forward(graphdef, vocab_chunk: int, mesh, state, tokens, positions, segment_ids, attend_to, targets,
+             scored=None):
+    """([B, K] float32 log p(targets at column scored[b, k] | what row b's token there sees), [B, K] bool: the
+    target is the argmax), junk where a column has no target. scored [B, K]: the columns to compute, K <= T
+    (`packing.make_batch`); None: every column (K = T). Only those columns go through the vocabulary head. On a
+    mesh, the parameters and rows arrive sharded and the vocabulary is scanned shard by shard."""
     model = nnx.merge(graphdef, state)
     hidden = model(tokens, positions, segment_ids, attend_to, mesh=mesh)  # [B, T, D]
+    if scored is not None:
+        hidden = jnp.take_along_axis(hidden, scored[..., None], axis=1)  # [B, K, D]
+        targets = jnp.take_along_axis(targets, scored, axis=1)  # [B, K]
     cap = model.config.final_softcap
     if mesh is not None:
         return sharded_token_logprobs(hidden, model.output_embedding, targets, mesh, vocab_chunk, cap, with_greedy=True)
@@ -38,9 +44,10 @@ def _forward(graphdef, vocab_chunk: int, mesh, state, tokens, positions, segment
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _batch_logprobs(graphdef, vocab_chunk: int, mesh, state, tokens, positions, segment_ids, attend_to, targets):
-    """[B, T] float32 log-probs (`_forward`'s first half: XLA drops the unused flags)."""
-    return _forward(graphdef, vocab_chunk, mesh, state, tokens, positions, segment_ids, attend_to, targets)[0]
+def _batch_logprobs(graphdef, vocab_chunk: int, mesh, state, tokens, positions, segment_ids, attend_to, targets,
+                    scored=None):
+    """[B, K] float32 log-probs (`_forward`'s first half: XLA drops the unused flags)."""
+    return _forward(graphdef, vocab_chunk, mesh, state, tokens, positions, segment_ids, attend_to, targets, scored)[0]
 
 
 # lm-eval's `is_greedy` needs the flags too; a second jitted function, so the plain path's output is unchanged
@@ -141,8 +148,9 @@ class BatchEngine(BatchSettings):
         return self.mesh.shape["data"] if self.mesh is not None else 1
 
     def run_groups(self, groups: Sequence[Group], greedy: bool = False):
-        """Per group: the prefix's token log-probs and each suffix's (its first token is not scored); with
-        greedy, a second list of the same shape holds whether each scored token is the argmax.
+        """Per group: the prefix's token log-probs (NaN at its `context` tokens, which are not computed) and each
+        suffix's (its first token is not scored); with greedy, a second list of the same shape holds whether each
+        scored token is the argmax (False where not computed).
 
         Where the long-row kernel cannot share a prefix (splash, on TPU: `attention.shares_prefixes`), a group
         that would fill a long row is run as one whole sequence per suffix, and its parts cut back out."""
@@ -151,7 +159,9 @@ class BatchEngine(BatchSettings):
         whole, origin = [], []  # origin[w] = (group, suffix; None: the group itself)
         for g, group in enumerate(groups):
             if group.suffixes and (group.room > self.max_length or takes_blockwise(bucket_for(group.room, self.buckets))):
-                whole += [Group(group.prefix + suffix) for suffix in group.suffixes]
+                n = len(group.prefix)  # the prefix's own scores ride on the first suffix's sequence
+                whole += [Group(group.prefix + suffix, context=min(group.context, n) if j == 0 else n)
+                          for j, suffix in enumerate(group.suffixes)]
                 origin += [(g, j) for j in range(len(group.suffixes))]
             else:
                 whole.append(group)
@@ -176,7 +186,7 @@ class BatchEngine(BatchSettings):
         pending = None  # one batch in flight while the next is being prepared
         for bucket, rows, height in self._progress(plan, total=len(groups)):
             batch = make_batch(groups, bucket, rows, height)
-            arrays = (batch.tokens, batch.positions, batch.segment_ids, batch.attend_to, batch.targets)
+            arrays = (batch.tokens, batch.positions, batch.segment_ids, batch.attend_to, batch.targets, batch.scored)
             arrays = jax.device_put(arrays, rows_sharding)  # None: the default device
             result = kernel(self.graphdef, self.vocab_chunk, self.mesh, self.state, *arrays)
             if pending is not None:
@@ -202,9 +212,9 @@ class BatchEngine(BatchSettings):
     @staticmethod
     def _collect(batch, result, out) -> None:
         lp = np.asarray(result)
+        lp = batch.spread(lp, False) if lp.dtype == bool else batch.spread(lp.astype(np.float32), np.nan)
         for s in batch.spans:
             scored = lp[s.row, s.start:s.start + s.length - 1]
-            scored = scored if scored.dtype == bool else scored.astype(np.float32)
             if s.part < 0:
                 out[s.group] = (scored, out[s.group][1])
             else:

@@ -33,10 +33,16 @@ DEFAULT_BUCKETS = (64, 128, 192, 256, 320, 384, 448, 512, 1024, 1536, 2048, 2560
 class Group:
     """A prefix, and suffixes that each continue it: a suffix sees the prefix and itself, not the other
     suffixes, and its positions continue from the prefix's end. The prefix is computed once for all of
-    them (a shared question). A plain sequence is a group without suffixes."""
+    them (a shared question). A plain sequence is a group without suffixes.
+
+    context: the prefix's first `context` tokens are conditioning only: the predictions made at them are not
+    computed (NaN in the result). A shared question's prefix is all context (`Scorer.option_logprobs`): the
+    vocabulary head then runs on the options' tokens only, which for a long question and short options is most
+    of a forward pass's work saved (Gemma 3's 262k-row head costs more than its blocks)."""
 
     prefix: tuple[int, ...]
     suffixes: tuple[tuple[int, ...], ...] = ()
+    context: int = 0
 
     @property
     def room(self) -> int:
@@ -65,6 +71,15 @@ class Batch:
     attend_to: np.ndarray  # [B, T] int32: the prefix segment a suffix token may also see (0: none)
     targets: np.ndarray  # [B, T] int32: the next token of the same part (0 where there is none)
     spans: tuple[Span, ...]
+    scored: np.ndarray  # [B, K] int32: the columns whose predictions are computed, K <= T (`scored_width`)
+    wanted: np.ndarray  # [B, K] bool: which of them a caller reads (False: padding of `scored`)
+
+    def spread(self, values: np.ndarray, fill) -> np.ndarray:
+        """[B, K] values at `scored` -> [B, T], `fill` where nothing was wanted."""
+        out = np.full(self.targets.shape, fill, values.dtype)
+        rows = np.broadcast_to(np.arange(len(out))[:, None], self.scored.shape)
+        out[rows[self.wanted], self.scored[self.wanted]] = values[self.wanted]
+        return out
 
 
 def round_up(length: int, multiple: int = BUCKET_MULTIPLE) -> int:
@@ -157,9 +172,20 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def scored_width(most: int, bucket: int) -> int:
+    """K, the columns a batch computes predictions at, from the most that one of its rows wants: rounded up to a
+    multiple of BUCKET_MULTIPLE (of the log-prob kernel's token block past it), so batches come in few shapes;
+    the whole row where that would not be shorter."""
+    from dcsjax.engine.logprobs import TOKEN_BLOCK
+
+    step = BUCKET_MULTIPLE if most <= TOKEN_BLOCK else TOKEN_BLOCK
+    return min(bucket, max(step, -(-most // step) * step))
+
+
 def make_batch(groups: list[Group], bucket: int, rows: list[list[int]], batch_rows: int) -> Batch:
     shape = (batch_rows, bucket)
     tokens, positions, segments, attend_to, targets = (np.zeros(shape, np.int32) for _ in range(5))
+    wanted_at = np.zeros(shape, bool)  # a prediction a caller reads
     spans = []
     for r, row in enumerate(rows):
         start, segment = 0, 0
@@ -177,10 +203,20 @@ def make_batch(groups: list[Group], bucket: int, rows: list[list[int]], batch_ro
                 positions[r, start:end] = offset + np.arange(n)
                 segments[r, start:end] = segment
                 targets[r, start:end - 1] = seq[1:]
+                wanted_at[r, start + (group.context if part == -1 else 0):end - 1] = True
                 if part == -1:
                     prefix_segment = segment
                 else:
                     attend_to[r, start:end] = prefix_segment
                 spans.append(Span(g, part, r, start, n))
                 start = end
-    return Batch(tokens, positions, segments, attend_to, targets, tuple(spans))
+    counts = wanted_at.sum(axis=1)
+    # Only a batch that holds context gathers: plain sequences want nearly every column, and would only add shapes
+    has_context = any(groups[g].context for row in rows for g in row)
+    width = scored_width(int(counts.max(initial=0)), bucket) if has_context else bucket
+    if width == bucket:  # every column: nothing to gather
+        scored, wanted = np.broadcast_to(np.arange(bucket, dtype=np.int32), shape).copy(), wanted_at
+    else:  # each row's wanted columns first, in order (a stable sort of "not wanted"), then padding
+        order = np.argsort(~wanted_at, axis=1, kind="stable")[:, :width].astype(np.int32)
+        scored, wanted = order, np.arange(width)[None, :] < counts[:, None]
+    return Batch(tokens, positions, segments, attend_to, targets, tuple(spans), scored, wanted)

@@ -133,7 +133,7 @@ class Scorer(BatchSettings):
                 head = (self.document_start_id, *ctx)
                 # The prefix stops one token short; each suffix restarts with the context's last token, so
                 # that token's prediction of the option's first token is in the option's own segment.
-                groups.append(Group(head[:-1], tuple((head[-1], *cont) for _, cont in conts)))
+                groups.append(Group(head[:-1], tuple((head[-1], *cont) for _, cont in conts), context=len(head) - 1))
                 owners.append([(i, j, (ctx, cont)) for j, cont in conts])
         parts = self._run_groups(groups) if groups else []
         for g, owner in enumerate(owners):
@@ -172,12 +172,12 @@ class Scorer(BatchSettings):
             for i in members:  # suffixes restart with the context's last token (see option_logprobs)
                 suffix = (ctx[-1], *pairs[i][1])
                 if batch and room + len(suffix) > self.max_length:
-                    groups.append(Group(ctx[:-1], tuple(s for _, s in batch)))
+                    groups.append(Group(ctx[:-1], tuple(s for _, s in batch), context=len(ctx) - 1))
                     owners.append([j for j, _ in batch])
                     batch, room = [], len(ctx) - 1
                 batch.append((i, suffix))
                 room += len(suffix)
-            groups.append(Group(ctx[:-1], tuple(s for _, s in batch)))
+            groups.append(Group(ctx[:-1], tuple(s for _, s in batch), context=len(ctx) - 1))
             owners.append([j for j, _ in batch])
         parts, flags = self._run_groups(groups, greedy=True)
         out: list = [None] * len(pairs)
