@@ -115,3 +115,26 @@ def test_option_ce_is_plain_cross_entropy_over_options_and_idk():
 
     want = (ce(LOGITS[0], VALID[0], 1) + ce(LOGITS[1], VALID[1], 2)) / 2  # item 1: IDK is the third valid entry
     assert float(option_ce(LOGITS, CORRECT, VALID)) == pytest.approx(want, abs=1e-6)
+
+
+def test_the_arm_chosen_by_a_traced_index_has_the_gradient_of_its_own_loss():
+    """The compiled update takes the arm as a traced index (one program for a grid's CE and DCS arms): each arm's
+    gradient equals that of its loss written out alone (CE: `option_ce`; DCS: -dcs; DCS+CE past its warm-up:
+    -dcs + beta ce), bit for bit: the arms not chosen add exact zeros."""
+    from dcsjax.training.config import ARMS, TrainConfig
+    from dcsjax.training.loss import option_ce
+    from dcsjax.training.train import arm_loss
+
+    start = LOGITS * 0.5
+    alone = {
+        "ce": lambda x: option_ce(x, CORRECT, VALID),
+        "dcs": lambda x: -dcs_loss(x, CORRECT, IDK, VALID, lc=1.0, lw=3.0, start_logits=start).dcs,
+        "dcs+ce": lambda x: (lambda p: -p.dcs + 0.5 * p.ce)(dcs_loss(x, CORRECT, IDK, VALID, lc=1.0, lw=3.0,
+                                                                   start_logits=start)),
+    }
+    cfg = TrainConfig(lc=1.0, lw=3.0, beta=0.5, gamma=0.0, ce_warmup=4)
+    traced = jax.jit(jax.grad(lambda x, arm: arm_loss(cfg, x, CORRECT, IDK, VALID, start, 8.0, arm)[0]))
+    for i, arm in enumerate(ARMS):
+        want = jax.jit(jax.grad(alone[arm]))(LOGITS)
+        np.testing.assert_array_equal(np.asarray(traced(LOGITS, jnp.int32(i))), np.asarray(want), err_msg=arm)
+    assert traced._cache_size() == 1

@@ -47,7 +47,7 @@ from dcsjax.nn.decoder import (
     run_blocks, unembed,
 )
 from dcsjax.nn.sharding import make_mesh
-from dcsjax.training.config import TrainConfig
+from dcsjax.training.config import ARMS, TrainConfig
 from dcsjax.training.features import LetterFeatures
 from dcsjax.training.loss import dcs_loss, option_ce
 
@@ -137,17 +137,15 @@ def letter_logits(c, params: dict, output_embedding: jax.Array, hidden: jax.Arra
 
 
 # ------------------------------------------------------------------------------------------------ loss
-def arm_loss(cfg: TrainConfig, logits, correct, idk, valid, start_logits, step) -> tuple[jax.Array, dict]:
+def arm_loss(cfg: TrainConfig, logits, correct, idk, valid, start_logits, step, arm=None) -> tuple[jax.Array, dict]:
+    """The arm's loss and the step's statistics. arm: the index of the arm in `ARMS`, a traced value in the
+    compiled update (so that the CE and DCS arms of a grid share one program; the arms not chosen get a zero
+    cotangent, which adds exactly nothing to the gradient); None: `cfg.arm`."""
     parts = dcs_loss(logits, correct, idk, valid, lc=cfg.lc, lw=cfg.lw, start_logits=start_logits)
     full_ce = option_ce(logits, correct, valid)
-    if cfg.arm == "ce":
-        loss = full_ce
-    elif cfg.arm == "dcs":
-        loss = -parts.dcs
-    else:
-        ramp = jnp.minimum(1.0, step / cfg.ce_warmup) if cfg.ce_warmup > 0 else 1.0
-        loss = -ramp * parts.dcs + (cfg.beta + 1.0 - ramp) * parts.ce
-    loss = loss + cfg.gamma * parts.kl
+    ramp = jnp.minimum(1.0, step / cfg.ce_warmup) if cfg.ce_warmup > 0 else 1.0
+    by_arm = jnp.stack([full_ce, -parts.dcs, -ramp * parts.dcs + (cfg.beta + 1.0 - ramp) * parts.ce])  # ARMS' order
+    loss = by_arm[ARMS.index(cfg.arm) if arm is None else arm] + cfg.gamma * parts.kl
     return loss, {"loss": loss, "dcs": parts.dcs, "ce": full_ce}
 
 
@@ -164,16 +162,17 @@ def _optimizer(learning_rate: float, warmup_steps: int, steps: int, weight_decay
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=weight_decay))
 
 
-LOSS_WEIGHTS = ("lc", "lw", "beta", "gamma")  # traced by the compiled update: one compile serves every threshold
+LOSS_WEIGHTS = ("lc", "lw", "beta", "gamma")  # traced by the compiled update (the arm too): one compile serves every
+# threshold and arm
 
 
 def step_settings(cfg: TrainConfig) -> tuple[TrainConfig, dict]:
     """(what the compiled update is specialised on, the loss weights it takes as traced values). The settings
     read outside the update (seed, length, schedule, evaluation) are blanked, so runs of an experiment grid that
     differ only in them, or in the threshold's loadings, share one compiled program."""
-    weights = {k: jnp.float32(getattr(cfg, k)) for k in LOSS_WEIGHTS}
-    static = replace(cfg, seed=0, steps=0, learning_rate=0.0, warmup_steps=0, weight_decay=0.0, eval_every=0,
-                     patience=0, **{k: 0.0 for k in LOSS_WEIGHTS})
+    weights = {k: jnp.float32(getattr(cfg, k)) for k in LOSS_WEIGHTS} | {"arm": jnp.int32(ARMS.index(cfg.arm))}
+    static = replace(cfg, arm=ARMS[-1], seed=0, steps=0, learning_rate=0.0, warmup_steps=0, weight_decay=0.0,
+                     eval_every=0, patience=0, **{k: 0.0 for k in LOSS_WEIGHTS})
     return static, weights
 
 
@@ -196,13 +195,16 @@ def _train_step(c, cfg: TrainConfig, optimizer, weights, params, opt_state, base
     """One update of the trainable `params` (the adapter's; `base` the frozen top parameters) from
     `accumulate` micro-batches (leading axis of every batch array), grads summed. (cfg, weights) as
     `step_settings` splits a run's settings."""
+    weights = dict(weights)
+    arm = weights.pop("arm")
     cfg = replace(cfg, **weights)
+
     def micro(grads, mb):
         (hidden, length, letters, correct, idk, valid), start = mb
 
         def loss_fn(p):
             logits = letter_logits(c, adapted(cfg, p, base, factored=True), embedding, hidden, length, letters)
-            return arm_loss(cfg, logits, correct, idk, valid, start, step)
+            return arm_loss(cfg, logits, correct, idk, valid, start, step, arm)
 
         (_, stats), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
         return jax.tree.map(jnp.add, grads, g), stats
