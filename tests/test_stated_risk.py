@@ -170,3 +170,46 @@ def test_the_report_draws_abstention_and_accuracy_on_answered_against_t(tmp_path
     lines = [line for line in table.splitlines() if line.startswith("| follows") or line.startswith("| ignores")]
     assert [line.split("|")[3].strip() for line in lines] == ["0", "0.5", "0.75", "0.9"] * 2
     assert "- follows q: abstention rises by 1.232 [1.232, 1.232]" in table  # (0, 0, 1, 1) on t: least squares
+
+
+def test_a_protocol_added_to_the_registry_runs_through_eval_which_names_none(tmp_path, monkeypatch):
+    """One home per protocol: a protocol defined here and added to the registry only (its run, summary, chance
+    reference and flags beside it) is planned, scored, resumed, summarised and tabled by `dcsjax eval`'s
+    orchestrator, which knows no protocol by name; flagged `dcs_loadings`, its row names the run's loadings."""
+    import dataclasses
+    import json
+
+    from dcsjax.eval.run import run_eval
+
+    class Scorer:  # what the orchestrator reads of a model: its name, identity and a copy with a fresh cache
+        name, model_fingerprint = "fake", {"name": "fake"}
+
+        def replace(self, **_):
+            return self
+
+    def answer_first(ctx, items):
+        return [{"id": i.id, "choice": 0, "correct": float(0 in i.correct)} for i in items]
+
+    mine = protocols.Protocol("first-option", "answers the first option it is shown", run=answer_first,
+                              summarise=lambda rs: {"accuracy": float(np.mean([r["correct"] for r in rs]))},
+                              headline=lambda r: r["correct"], answer=lambda r: r["choice"])
+    monkeypatch.setattr(protocols, "PROTOCOLS", (*protocols.PROTOCOLS, "first-option"))
+    monkeypatch.setattr(protocols, "_REGISTRY", {**protocols.registry(), "first-option": mine})
+    data = tmp_path / "items.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{k}", "question": f"Question {k}?", "choices": ["a", "b", "c", "d"],
+                                        "answer": k % 4}) + "\n" for k in range(8)))
+    out = run_eval("fake", [f"jsonl:{data}"], ["first-option"], tmp_path / "out", scorer=Scorer(), progress=False,
+                   option_order="source")
+    (row,) = out["rows"]
+    assert row["protocol"] == "first-option" and row["n"] == 8 and row["value"] == 0.25
+    assert row["chance"]["uniform"] == 0.25 and row["loadings_note"] is None
+    assert "first-option" in format_table(out)
+    again = run_eval("fake", [f"jsonl:{data}"], ["first-option"], tmp_path / "out", scorer=Scorer(), progress=False,
+                     option_order="source")  # resumed: nothing scored again, the same row
+    assert again["rows"][0]["value"] == 0.25 and again["rows"][0]["ids"] == row["ids"]
+    monkeypatch.setattr(protocols, "_REGISTRY", {**protocols.registry(),
+                                                 "first-option": dataclasses.replace(mine, dcs_loadings=True)})
+    assert protocols.named("dcs_loadings")[-1] == "first-option"
+    flagged = run_eval("fake", [f"jsonl:{data}"], ["first-option"], tmp_path / "out2", scorer=Scorer(),
+                       progress=False, option_order="source", threshold=0.75)
+    assert flagged["rows"][0]["lw"] == 3.0 and flagged["rows"][0]["loadings_note"] is not None

@@ -33,7 +33,7 @@ from dcsjax.metrics import (
     ternary_score,
 )
 from dcsjax.metrics.dcs import loadings_note
-from dcsjax.eval.protocols import DCS_PROTOCOLS
+from dcsjax.eval.protocols import named
 from dcsjax.eval.results import ReadReport, model_facts, read_records, result_files
 from dcsjax.eval.tables import render
 
@@ -123,7 +123,7 @@ def metric_rows(models: dict[str, ModelResults], n_boot: int = 1000) -> list[dic
                     add("ppl_correct", mean_ci([r["ppl_correct"] for r in records], n_boot))
                 if protocol == "apx":
                     add("parse_failures", mean_ci([r["parse_error"] is not None for r in records], n_boot))
-                if protocol in DCS_PROTOCOLS and "correct_options" in records[0]:
+                if protocol in named("dcs_loadings") and "correct_options" in records[0]:
                     d = Distributions.from_records(records)
                     add("dcs", mean_ci([r["dcs"] for r in records], n_boot))
                     add("accuracy", mean_ci([r["correct"] for r in records], n_boot))
@@ -164,7 +164,7 @@ def model_differences(models: dict[str, ModelResults], n_boot: int = 1000) -> li
                     continue
                 p = paired_bootstrap(jnp.mean, np.array([a[i] for i in ids]), np.array([b[i] for i in ids]), n_boot)
                 rows.append({"model": f"{other} - {names[0]}", "task": task, "protocol": protocol,
-                             "metric": "dcs_diff" if protocol in DCS_PROTOCOLS else "accuracy_diff", "n": len(ids),
+                             "metric": "dcs_diff" if protocol in named("dcs_loadings") else "accuracy_diff", "n": len(ids),
                              "value": p.difference, "low": p.low, "high": p.high, "p_value": p.p_value})
     return rows
 
@@ -257,7 +257,7 @@ def results_table(models: dict[str, ModelResults], n_boot: int = 1000) -> str:
                 iv = mean_ci(headline_values(protocol, records), n_boot)
                 chance = [f"u {u:.2f}"] if (u := chance_uniform(protocol, records)) is not None else []
                 constant = position_report(records)
-                if get(protocol).letters and constant["best_constant"] is not None and protocol not in DCS_PROTOCOLS:
+                if get(protocol).letters and constant["best_constant"] is not None and protocol not in named("dcs_loadings"):
                     chance.append(f"c {constant['best_constant_letter']} {constant['best_constant']:.2f}")
                 cell = f"{iv.estimate:.2f} [{iv.low:.2f}, {iv.high:.2f}]" + (" {" + ", ".join(chance) + "}" if chance else "")
                 if protocol == "apx":
@@ -398,7 +398,7 @@ def _distributions(m: ModelResults, task: str, protocol: str) -> Distributions |
 def _each_distribution(models: dict[str, ModelResults], task: str):
     """(colour, line style, label, Distributions) for every model and DCS elicitation that scored `task`."""
     for i, m in enumerate(models.values()):
-        for protocol, style in zip(DCS_PROTOCOLS, ("-", "--")):
+        for protocol, style in zip(named("dcs_loadings"), ("-", "--")):
             if (d := _distributions(m, task, protocol)) is not None:
                 yield f"C{i}", style, f"{m.name} {protocol}", d
 
@@ -581,10 +581,10 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
         ppl_figure(models, tasks, out / "ppl.png")
     unsized = [m.name for m in models.values() if not m.parameters]
     outside = sorted({f"{m.name}/{t}/{p}: {note}" for m in models.values() for t, by in m.records.items()
-                      for p, recs in by.items() if p in DCS_PROTOCOLS and recs
+                      for p, recs in by.items() if p in named("dcs_loadings") and recs
                       and (note := loadings_note(recs[0].get("lc", 1.0), recs[0].get("lw", 1.0)))})
     stale = sorted({f"{m.name}/{t}/{p}" for m in models.values() for t, by in m.records.items()
-                    for p, recs in by.items() if p in DCS_PROTOCOLS and recs and "correct_options" not in recs[0]})
+                    for p, recs in by.items() if p in named("dcs_loadings") and recs and "correct_options" not in recs[0]})
     lines = [
         "# dcsjax report", "",
         f"Results: {', '.join(map(str, dirs))}. Models: "

@@ -20,7 +20,7 @@ import numpy as np
 from dcsjax.eval import results
 from dcsjax.errors import ConfigError, InputError, stop_point
 from dcsjax.metrics.bootstrap import mean_ci
-from dcsjax.eval.protocols import DCS_PROTOCOLS, PROTOCOLS
+from dcsjax.eval import protocols as registry
 from dcsjax.eval.protocols.options import DEFAULT_ORDER, ORDERS
 
 # Items per write: the first write holds CHUNK items, and each later one twice the one before, up to
@@ -43,10 +43,8 @@ def score_items(protocol: str, ctx, items, order: str = DEFAULT_ORDER, seed: int
     """The protocol's records of `items` (`dcsjax.eval.protocols.score`), but an item the model cannot take
     (longer than its context, say) becomes an error record naming the item, {"id", "error"}, while the
     others are scored."""
-    from dcsjax.eval import protocols
-
     try:
-        return protocols.score(protocols.get(protocol), ctx, items, order, seed)
+        return registry.score(registry.get(protocol), ctx, items, order, seed)
     except InputError as err:
         if len(items) == 1:
             return [{"id": items[0].id, "error": f"{protocol}: {err}"}]
@@ -55,10 +53,8 @@ def score_items(protocol: str, ctx, items, order: str = DEFAULT_ORDER, seed: int
 
 def protocol_settings(protocol: str, ctx, order: str, seed: int) -> dict:
     """What, besides model, task and code, decides a protocol's records: it goes into their fingerprint."""
-    from dcsjax.eval import protocols
-
     return {"option_order": order, **({"seed": seed} if order != "source" else {}),
-            **protocols.get(protocol).settings(ctx), **({"log_samples": True} if ctx.log_samples else {})}
+            **registry.get(protocol).settings(ctx), **({"log_samples": True} if ctx.log_samples else {})}
 
 
 def task_identity(card, items, statements_file: Path | None) -> dict:
@@ -79,15 +75,11 @@ def task_identity(card, items, statements_file: Path | None) -> dict:
 
 def summarise(protocol: str, records: list[dict]) -> dict:
     """The headline metric of a protocol (first key) and its companions; None where there are no items."""
-    from dcsjax.eval import protocols
-
-    return protocols.get(protocol).summarise(records)
+    return registry.get(protocol).summarise(records)
 
 
 def headline_values(protocol: str, records: list[dict]) -> list[float]:
-    from dcsjax.eval import protocols
-
-    return [protocols.get(protocol).headline(r) for r in records]
+    return [registry.get(protocol).headline(r) for r in records]
 
 
 def idk_warnings(metrics: dict, low: float | None, high: float | None) -> list[str]:
@@ -110,10 +102,10 @@ def check_arguments(protocols: Sequence[str], limit: int | None, threshold: floa
         raise ConfigError(f"unknown option order {option_order!r}; known: {', '.join(ORDERS)}")
     if not idk_phrasings or any(not p.strip() for p in idk_phrasings) or len(set(idk_phrasings)) != len(idk_phrasings):
         raise ConfigError(f"IDK phrasings must be distinct non-empty texts, not {list(idk_phrasings)!r}")
-    unknown = [p for p in protocols if p not in PROTOCOLS]
+    unknown = [p for p in protocols if p not in registry.PROTOCOLS]
     if unknown or not protocols:
         raise ConfigError(f"unknown protocol {', '.join(map(repr, unknown)) or '(none given)'}; known: "
-                          f"{', '.join(PROTOCOLS)}")
+                          f"{', '.join(registry.PROTOCOLS)}")
     for name, value in (("limit", limit), ("sample", sample)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"{name} must be a whole number of items, at least 1, not {value!r}")
@@ -265,7 +257,6 @@ def evaluate(config: EvalConfig, scorer=None) -> dict:
 def _context(config: EvalConfig, card, scorer=None, pool=(), pool_split: str | None = None):
     """The protocols' view of one task: the model, the card, the loadings, statements, IDK wordings, exemplars
     (drawn from `pool`: the card's few-shot split, `pool_split`, or the task's own items)."""
-    from dcsjax.eval import protocols as registry
     from dcsjax.eval.protocols import fewshot
 
     lc, lw = config.loadings
@@ -282,7 +273,6 @@ def _context(config: EvalConfig, card, scorer=None, pool=(), pool_split: str | N
 def _plan(config: EvalConfig, cards) -> tuple[list, list[dict]]:
     """[(card, the protocols it runs)] and the (task, protocol) pairs that cannot run, with why; those stop the
     run before the model loads unless `skip_unavailable`."""
-    from dcsjax.eval import protocols as registry
 
     from dcsjax.eval.protocols.mcqa import NORMALISATIONS
 
@@ -440,7 +430,7 @@ def summary_row(model: str, task: str, protocol: str, records: list[dict], error
     # the sample standard error of the per-item headline values, as lm-eval reports it (its export reads it here)
     stderr = float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else None
     uniform = chance_uniform(protocol, records)
-    note = loadings_note(lc, lw) if protocol in DCS_PROTOCOLS else None
+    note = loadings_note(lc, lw) if protocol in registry.named("dcs_loadings") else None
     return {"model": model, "task": task, "protocol": protocol, "n": len(records), "errors": errors,
             "metric": next(iter(metrics)), "value": next(iter(metrics.values())), "ci95": [low, high], "stderr": stderr,
             "chance": {"uniform": uniform},
@@ -452,11 +442,9 @@ def chance_uniform(protocol: str, records: list[dict]) -> float | None:
     """The headline a uniform answerer scores on the same presentations: the protocol's own reference where it
     has one (the DCS protocols: DCS of the uniform distribution), else the share of an item's presented options
     that are correct. None without records."""
-    from dcsjax.eval import protocols
-
     if not records:
         return None
-    own = protocols.get(protocol).chance
+    own = registry.get(protocol).chance
     if own is not None:
         return own(records)
     shown = [p for r in records for p in r.get("order", {}).get("presentations", [])]
@@ -513,10 +501,8 @@ def format_table(summary: dict, fmt: str = "text") -> str:
                      number(r["value"]) + (" †" if r.get("loadings_note") else ""), "-" if r["ci95"][0] is None else f"[{number(r['ci95'][0])}, {number(r['ci95'][1])}]",
                      number((r.get("chance") or {}).get("uniform")), const, "-" if spread is None else f"{spread:.3f}" + (" !" if r.get("warnings") else "")])
     lines = [render(header, rows, fmt, numeric=(3, 4, 6, 8))]
-    from dcsjax.eval import protocols
-
     for name in dict.fromkeys(r["protocol"] for r in summary["rows"]):  # a protocol's own table, where it has one
-        details = protocols.get(name).details if name in protocols.PROTOCOLS else None
+        details = registry.get(name).details if name in registry.PROTOCOLS else None
         text = details([r for r in summary["rows"] if r["protocol"] == name], fmt) if details else ""
         lines += ["", text] if text else []
     notes = [f"! {r['model']} {r['task']} {r['protocol']}: {w}" for r in summary["rows"] for w in r.get("warnings", [])]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from dcsjax.data.items import Item
-from dcsjax.eval.protocols import fewshot, options
+from dcsjax.eval.protocols import options
 
 # Wordings of "I don't know" that sequence DCS scores; the first is the IDK option's text where an item
 # needs one written out (the letter prompt, the fine-tuning data). See `dcs.py` for why there are several.
@@ -60,6 +60,8 @@ class Protocol:
     chance: Callable[[list[dict]], float | None] | None = None
     # a table of its own under the results table ((summary rows of this protocol, fmt) -> text)
     details: Callable[[list[dict], str], str] | None = None
+    dcs_loadings: bool = False  # its headline is DCS under the run's loadings (lc, lw): eval names them beside it
+    fewshot: bool = False  # it takes solved exemplars before the question (`--num-fewshot`)
 
 
 def _aps_statements(ctx: Context):
@@ -114,7 +116,7 @@ def _build() -> dict[str, Protocol]:
                  settings=lambda ctx: {"template": ctx.card.qa_template}),
         Protocol("mcqa", PROTOCOL_HELP["mcqa"],
                  run=lambda ctx, items: mcqa.run_mcqa(ctx.scorer, items, ctx.card, ctx.exemplars),
-                 summarise=mcqa.summarise,
+                 summarise=mcqa.summarise, fewshot=True,
                  headline=lambda r: float(r["correct"][mcqa.headline(r)]),
                  answer=lambda r: r["choice"][mcqa.headline(r)],
                  settings=lambda ctx: {"context": "partial (cloze)" if ctx.card.cloze_blank else ctx.card.mcqa_context,
@@ -123,7 +125,7 @@ def _build() -> dict[str, Protocol]:
                      item, ctx.card, ctx.exemplars(item) if ctx.exemplars else (), ctx.scorer)),
         Protocol("apx", PROTOCOL_HELP["apx"],
                  run=lambda ctx, items: apx.run_apx(ctx.scorer, items, ctx.exemplars), summarise=apx.summarise,
-                 headline=lambda r: float(r["correct"]), answer=choice, letters=True,
+                 headline=lambda r: float(r["correct"]), answer=choice, letters=True, fewshot=True,
                  settings=lambda ctx: {"instruct": apx.is_instruct(ctx.scorer),
                                        "chat_template": apx.uses_chat_template(ctx.scorer),
                                        "max_new_tokens": apx.MAX_NEW_TOKENS, **ctx.fewshot_settings()},
@@ -136,6 +138,7 @@ def _build() -> dict[str, Protocol]:
                  prompt=lambda ctx, item: {"context": mcqa.mcqa_context(item, ctx.card.mcqa_context),
                                            "continuations": dcs.sequence_continuations(item, ctx.idk_phrasings)},
                  summarise=dcs.summarise, headline=lambda r: r["dcs"], answer=idk_answer, chance=dcs.chance,
+                 dcs_loadings=True,
                  settings=lambda ctx: dcs_settings(ctx) | {
                      "context": ctx.card.mcqa_context, "idk_phrasings": list(ctx.idk_phrasings),
                      "answer_paraphrases": list(dcs.answer_forms(ctx.idk_phrasings)),  # the `paraphrased` control
@@ -148,7 +151,7 @@ def _build() -> dict[str, Protocol]:
                                                    dcs.letters_context(ctx.scorer, item, ctx.lc, ctx.lw,
                                                                        ctx.card.dcs_instruction)[:2])),
                  summarise=dcs.summarise, headline=lambda r: r["dcs"], answer=idk_answer, letters=True,
-                 idk_option=True, chance=dcs.chance,
+                 idk_option=True, chance=dcs.chance, dcs_loadings=True,
                  settings=lambda ctx: dcs_settings(ctx) | {"chat_template": dcs.letters_use_chat_template(ctx.scorer),
                                                            "idk_option": ctx.idk_phrasings[0]}
                  | ({"instruction": ctx.card.dcs_instruction} if ctx.card.dcs_instruction else {}),
@@ -201,7 +204,12 @@ PROTOCOL_HELP = {  # one line each, for `--help` (which must not wait for jax to
     "stated-risk": "dcs-letters with the scoring rule and target t stated in the prompt, at several t: does "
                    "abstention follow t?",
 }
-DCS_PROTOCOLS = ("dcs", "dcs-letters")  # the protocols whose headline is DCS, under the run's loadings
+
+
+def named(flag: str) -> tuple[str, ...]:
+    """The protocols, in registry order, whose `flag` (a boolean field of `Protocol`) is set: for instance
+    named("dcs_loadings"), the protocols whose headline is DCS under the run's loadings."""
+    return tuple(name for name, protocol in registry().items() if getattr(protocol, flag))
 
 
 def get(name: str) -> Protocol:
@@ -233,7 +241,7 @@ def score(protocol: Protocol, ctx: Context, items: Sequence[Item], order: str, s
         else:  # rotations: the merged record is in the item's own order
             record = {**protocol.merge_rotations(ctx, base, group, ps),
                       "order": {"name": order, "presentations": presentations}}
-        if ctx.fewshot_settings() and protocol.name in fewshot.FEWSHOT_PROTOCOLS:
+        if ctx.fewshot_settings() and protocol.fewshot:
             record["fewshot"] = [ex.id for ex in ctx.exemplars(base)]
         if ctx.log_samples and protocol.prompt is not None:  # one prompt per presentation (rotations: several)
             prompts = [protocol.prompt(ctx, view) for view in views]

@@ -21,7 +21,6 @@ from dcsjax.data.items import Item
 from dcsjax.errors import ConfigError
 from dcsjax.eval.protocols import options
 
-FEWSHOT_PROTOCOLS = ("mcqa", "apx")
 FEWSHOT_SALT = 7919  # exemplar draws use their own stream, apart from the option shuffle of the same seed
 
 
@@ -66,7 +65,10 @@ class Exemplars:
 
 
 def check(protocols: Sequence[str], k: int) -> None:
-    if k and any(p not in FEWSHOT_PROTOCOLS for p in protocols):
-        raise ConfigError(f"few-shot applies to {' and '.join(FEWSHOT_PROTOCOLS)} (option likelihood and the prompted "
-                          f"letter), not to {', '.join(p for p in protocols if p not in FEWSHOT_PROTOCOLS)}: run "
-                          "those apart (--protocols mcqa,apx --num-fewshot k)")
+    from dcsjax.eval.protocols import named
+
+    takes = named("fewshot")
+    if k and any(p not in takes for p in protocols):
+        raise ConfigError(f"few-shot applies to {' and '.join(takes)} (option likelihood and the prompted "
+                          f"letter), not to {', '.join(p for p in protocols if p not in takes)}: run "
+                          f"those apart (--protocols {','.join(takes)} --num-fewshot k)")
