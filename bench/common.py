@@ -17,6 +17,9 @@ os.environ.setdefault("DCSJAX_CACHE", str(ROOT / ".cache"))
 os.environ.setdefault("HF_HOME", str(ROOT / ".cache" / "huggingface"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+from dcsjax.host import choose_jax_platforms  # noqa: E402  (no jax: it must run before a script imports jax)
+
+choose_jax_platforms()  # as `dcsjax` does: no TPU here, so libtpu is not started (nor its start-up lines printed)
 
 
 # ---------------------------------------------------------------------------------------------- timing
