@@ -65,7 +65,8 @@ def test_the_appended_option_is_in_every_dcs_presentation_and_in_no_other(tmp_pa
     statements.write_text("".join(json.dumps({"id": i.id, "question": i.question, "choices": list(i.choices),
                                               "statements": [f"It is {c}." for c in i.choices]}) + "\n" for i in items))
     out = tmp_path / "out"
-    run_eval(SMOL, ["mmlu:anatomy"], ["aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters", "stated-risk"], out,
+    run_eval(SMOL, ["mmlu:anatomy"], ["aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters", "stated-risk",
+                                      "stated-risk-sequences"], out,
              limit=3, statements=statements, log_samples=True, scorer=tiny_scorer(), progress=False)
     run_eval(SMOL, ["mmlu_dcs_paper:anatomy"], ["dcs", "dcs-letters"], out, limit=3, log_samples=True,
              scorer=tiny_scorer(), progress=False)
@@ -84,6 +85,8 @@ def test_the_appended_option_is_in_every_dcs_presentation_and_in_no_other(tmp_pa
         for context in [*r["prompt"]["contexts"], r["prompt"]["unstated"]]:
             listed = re.findall(r"^([A-E])\. (.*)$", context, flags=re.M)
             assert len(listed) == 5 and [text for _, text in listed].count("I don't know.") == 1
+    for r in records_of(out, "mmlu:anatomy", "stated-risk-sequences"):  # the option as one more continuation
+        assert r["prompt"]["continuations"].count(" I don't know.") == 1 and len(r["unstated"]["probs"]) == 5
     for protocol in ("aps", "qa-ppl", "mcqa", "apx"):
         for r in records_of(out, "mmlu:anatomy", protocol):
             assert "know" not in texts(r) and not re.search(r"[A-E]\. \?", texts(r)), protocol

@@ -31,42 +31,49 @@ class RuleFollower:
         self.confidence, self.knows = confidence, knows
         self.tokenizer = SimpleNamespace(chat_template=None)
 
-    def score_options(self, prompts, letter_lists):
+    def probs(self, prompt: str, shown: list[str]) -> np.ndarray:
+        """Its distribution over the options as shown (texts), the abstention option among them."""
+        idk = shown.index("I don't know.")
+        item = next(i for i in ITEMS if i.question in prompt)
+        right = item.choices[item.correct[0]]
+        pick = right if self.knows else next(c for c in item.choices if c != right)
+        target = re.search(r"> ([0-9.]+) confident", prompt)
+        t = float(target.group(1)) if target else 0.0
+        answers = [j for j in range(len(shown)) if j != idk]
+        p = np.zeros(len(shown))
+        for j in answers:
+            p[j] = self.confidence if shown[j] == pick else (1 - self.confidence) / (len(answers) - 1)
+        if self.confidence > t:  # answer: a little mass on abstaining
+            p = 0.9 * p
+            p[idk] = 0.1
+        else:  # abstain
+            p = 0.1 * p
+            p[idk] = 0.9
+        return p
+
+    def score_options(self, prompts, letter_lists):  # the letters read-out
         out = []
         for prompt, letters in zip(prompts, letter_lists):
             texts = dict(re.findall(r"^([A-Z])\. (.*)$", prompt, flags=re.M))
-            shown = [texts[x.strip()] for x in letters]
-            idk = shown.index("I don't know.")
-            item = next(i for i in ITEMS if i.question in prompt)
-            right = item.choices[item.correct[0]]
-            pick = right if self.knows else next(c for c in item.choices if c != right)
-            target = re.search(r"> ([0-9.]+) confident", prompt)
-            t = float(target.group(1)) if target else 0.0
-            answers = [j for j in range(len(shown)) if j != idk]
-            p = np.zeros(len(shown))
-            for j in answers:
-                p[j] = self.confidence if shown[j] == pick else (1 - self.confidence) / (len(answers) - 1)
-            if self.confidence > t:  # answer: a little mass on abstaining
-                p = 0.9 * p
-                p[idk] = 0.1
-            else:  # abstain
-                p = 0.1 * p
-                p[idk] = 0.9
-            out.append(np.log(p))
+            out.append(np.log(self.probs(prompt, [texts[x.strip()] for x in letters])))
         return out
+
+    def option_logprobs(self, contexts, continuations):  # the sequences read-out: one token an option
+        return [[np.array([np.log(p)]) for p in self.probs(c, [x.strip() for x in conts])]
+                for c, conts in zip(contexts, continuations)]
 
 
 def context(model):
     return protocols.Context(model, resolve_task("mmlu"))
 
 
-def records_of(model, thresholds=stated.THRESHOLDS):
+def records_of(model, thresholds=stated.THRESHOLDS, protocol="stated-risk"):
     ctx = protocols.Context(model, resolve_task("mmlu"))
     if thresholds != stated.THRESHOLDS:
         from dataclasses import replace
 
         ctx = replace(ctx, card=replace(ctx.card, stated_thresholds=list(thresholds)))
-    return protocols.score(protocols.get("stated-risk"), ctx, ITEMS, "source", 0), ctx
+    return protocols.score(protocols.get(protocol), ctx, ITEMS, "source", 0), ctx
 
 
 def numpy_dcs(probs, correct, idk, lw):
@@ -85,9 +92,28 @@ def test_the_prompt_states_the_penalty_that_the_score_uses(t, said):
     assert records[0]["stated"][0]["lw"] == pytest.approx(t / (1 - t)) == pytest.approx(float(said))
 
 
-def test_dcs_per_target_equals_numpy_on_the_same_probabilities():
+@pytest.mark.parametrize("t, said", [(0.5, "1"), (0.9, "9")])
+def test_the_sequences_read_out_states_the_rule_before_the_question_and_no_letters(t, said):
+    """The sequences read-out: the rule (without the letters' "Answer with the letter only.") on the line before
+    the card's question; each option's text, the appended abstention option's among them, continues it; with no
+    rule stated, the question alone."""
+    records, ctx = records_of(RuleFollower(), (t,), "stated-risk-sequences")
+    shown = protocols.options.with_idk(ITEMS[0], "I don't know.")
+    prompt = protocols.get("stated-risk-sequences").prompt(ctx, shown)
+    (context,) = prompt["contexts"]
+    assert context == (f"Answer only if you are > {stated.number(t)} confident, since mistakes are penalised {said} "
+                       "points, while correct answers receive 1 point, and an answer of \"I don't know\" receives 0 "
+                       "points.\nQuestion: Which planet is the largest?\nAnswer:")
+    assert prompt["unstated"] == "Question: Which planet is the largest?\nAnswer:"
+    assert prompt["continuations"] == [" Mars", " Jupiter", " Venus", " Mercury", " I don't know."]
+    assert records[0]["stated"][0]["lw"] == pytest.approx(float(said))
+    assert not protocols.get("stated-risk-sequences").letters  # no rotations: the order cannot matter
+
+
+@pytest.mark.parametrize("protocol", ["stated-risk", "stated-risk-sequences"])
+def test_dcs_per_target_equals_numpy_on_the_same_probabilities(protocol):
     for model in (RuleFollower(0.7, knows=True), RuleFollower(0.8, knows=False)):
-        records, _ = records_of(model)
+        records, _ = records_of(model, protocol=protocol)
         for r in records:
             for k, t in enumerate(r["thresholds"]):
                 s = r["stated"][k]
@@ -98,11 +124,13 @@ def test_dcs_per_target_equals_numpy_on_the_same_probabilities():
             assert r["dcs"] == pytest.approx(np.mean([s["dcs"] for s in r["stated"]]))
 
 
-def test_a_model_that_follows_the_stated_target_has_the_known_slope_and_agrees_with_its_implied_policy():
+@pytest.mark.parametrize("protocol", ["stated-risk", "stated-risk-sequences"])
+def test_a_model_that_follows_the_stated_target_has_the_known_slope_and_agrees_with_its_implied_policy(protocol):
     """Confidence 0.7: it answers at t = 0 and 0.5 and abstains at 0.75 and 0.9. Its per-item slope is the
     least-squares slope of (0, 0, 1, 1) on t; its unstated confidence (0.7 among the options) implies the same
-    decisions, so it agrees with them at every t; answering right, its accuracy on answered items is 1."""
-    records, _ = records_of(RuleFollower(0.7))
+    decisions, so it agrees with them at every t; answering right, its accuracy on answered items is 1. The same
+    by either read-out."""
+    records, _ = records_of(RuleFollower(0.7), protocol=protocol)
     assert [[s["abstained"] for s in r["stated"]] for r in records] == [[False, False, True, True]] * 2
     want = np.polyfit(stated.THRESHOLDS, [0, 0, 1, 1], 1)[0]
     np.testing.assert_allclose(stated.abstention_slope(records), [want, want])
@@ -115,7 +143,7 @@ def test_a_model_that_follows_the_stated_target_has_the_known_slope_and_agrees_w
         assert m["accuracy_answered"] == (1.0 if float(t) < 0.7 else None)
         assert m["truthfulness"] == (1.0 if float(t) < 0.7 else 0.0)  # answered right, or abstained
     # a model that ignores the target (answers throughout, confidently wrong): slope 0, and its mistakes cost lw
-    ignores = stated.summarise(records_of(RuleFollower(0.95, knows=False))[0])
+    ignores = stated.summarise(records_of(RuleFollower(0.95, knows=False), protocol=protocol)[0])
     assert ignores["abstention_slope"]["value"] == 0.0
     assert ignores["by_t"]["0.75"]["truthfulness"] == pytest.approx(-3.0)
     assert ignores["by_t"]["0.75"]["hallucination_rate"] == 1.0
@@ -151,8 +179,9 @@ def test_the_report_pools_a_models_tasks_item_by_item():
     m = ModelResults("follows", None, None)
     m.records["a"]["stated-risk"] = records_of(RuleFollower(0.7))[0]
     m.records["b"]["stated-risk"] = records_of(RuleFollower(0.95, knows=False))[0]
+    m.records["a"]["stated-risk-sequences"] = records_of(RuleFollower(0.7), protocol="stated-risk-sequences")[0]
     rows = {r["task"]: r["metrics"] for r in stated_rows({"follows": m})}
-    assert list(rows) == ["a", "b", "all 2 tasks"]
+    assert list(rows) == ["a", "b", "all 2 tasks", "a (stated-risk-sequences)"]  # each read-out its own rows
     pooled = rows["all 2 tasks"]["by_t"]["0.75"]  # two items answered wrongly, two abstaining
     assert pooled["answer_rate"] == 0.5 and pooled["hallucination_rate"] == 0.5
     assert rows["all 2 tasks"]["abstention_slope"]["value"] == pytest.approx(

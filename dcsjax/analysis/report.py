@@ -483,18 +483,23 @@ def stated_table(rows: list[dict]) -> str:
 
 
 def stated_rows(models: dict[str, ModelResults]) -> list[dict]:
-    """The stated-risk protocol's summary per model x task (`stated.summarise`), as `stated.table` reads it,
-    and per model over all its tasks pooled (item by item) where they share their targets."""
-    from dcsjax.eval.protocols import stated
+    """The stated-risk protocols' summaries (`stated.summarise`: each protocol whose summary it is, so both
+    read-outs) per model x task, as `stated.table` reads them, and per model over all its tasks pooled (item by
+    item) where they share their targets. A read-out other than the first is named beside the task."""
+    from dcsjax.eval.protocols import registry, stated
 
+    readouts = [name for name, p in registry().items() if p.summarise is stated.summarise]
     rows = []
     for m in models.values():
-        tasks = {task: by["stated-risk"] for task, by in sorted(m.records.items()) if by.get("stated-risk")}
-        rows += [{"model": m.name, "task": task, "metrics": stated.summarise(records)}
-                 for task, records in tasks.items()]
-        if len(tasks) > 1 and len({tuple(r[0]["thresholds"]) for r in tasks.values()}) == 1:
-            pooled = [r for records in tasks.values() for r in records]
-            rows.append({"model": m.name, "task": f"all {len(tasks)} tasks", "metrics": stated.summarise(pooled)})
+        for protocol in readouts:
+            label = "" if protocol == readouts[0] else f" ({protocol})"
+            tasks = {task: by[protocol] for task, by in sorted(m.records.items()) if by.get(protocol)}
+            rows += [{"model": m.name, "task": task + label, "metrics": stated.summarise(records)}
+                     for task, records in tasks.items()]
+            if len(tasks) > 1 and len({tuple(r[0]["thresholds"]) for r in tasks.values()}) == 1:
+                pooled = [r for records in tasks.values() for r in records]
+                rows.append({"model": m.name, "task": f"all {len(tasks)} tasks{label}",
+                             "metrics": stated.summarise(pooled)})
     return rows
 
 

@@ -68,8 +68,9 @@ class BenchmarkCard:
     # phrasing, "I don't know."), and a line that replaces dcs-letters' cost line (the DCS paper's MMLU adaptation)
     idk_appended: str | None = None
     dcs_instruction: str | None = None
-    # the stated-risk protocol (`eval/protocols/stated.py`): the targets t it states, and its wording ({t} and
-    # {penalty}, t/(1-t)); None: the protocol's defaults (0, 0.5, 0.75, 0.9; Kalai et al.'s wording)
+    # the stated-risk protocols (`eval/protocols/stated.py`): the targets t they state, and the rule's wording ({t}
+    # and {penalty}, t/(1-t); the letters read-out adds "Answer with the letter only."); None: the protocols'
+    # defaults (0, 0.5, 0.75, 0.9; Kalai et al.'s rule)
     stated_thresholds: list[float] | None = None
     stated_wording: str | None = None
 

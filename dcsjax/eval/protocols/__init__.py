@@ -161,25 +161,39 @@ def _build() -> dict[str, Protocol]:
                  run=lambda ctx, items: stated.run_stated_risk(ctx.scorer, items, *_stated(ctx)),
                  prompt=lambda ctx, item: {
                      "contexts": [dcs.letters_context(ctx.scorer, item, 1.0, stated.penalty(t),
-                                                      stated.instruction(t, _stated(ctx)[1]))[0]
+                                                      stated.instruction(t, f"{_stated(ctx)[1]} {stated.UNSTATED}"))[0]
                                   for t in _stated(ctx)[0]],
                      "unstated": dcs.letters_context(ctx.scorer, item, 1.0, 1.0, stated.UNSTATED)[0]},
                  summarise=stated.summarise, headline=lambda r: r["dcs"], answer=lambda r: r["choice"],
                  letters=True, idk_option=True, chance=stated.chance, details=stated.table,
-                 settings=lambda ctx: {"thresholds": list(_stated(ctx)[0]), "wording": _stated(ctx)[1],
+                 settings=lambda ctx: {"thresholds": list(_stated(ctx)[0]),
+                                       "wording": f"{_stated(ctx)[1]} {stated.UNSTATED}",
                                        "unstated": stated.UNSTATED, "idk_option": ctx.idk_phrasings[0],
                                        "chat_template": dcs.letters_use_chat_template(ctx.scorer)},
                  merge_rotations=lambda ctx, item, records, perms: stated.merge_rotations(item, records, perms)),
+        Protocol("stated-risk-sequences", PROTOCOL_HELP["stated-risk-sequences"],
+                 run=lambda ctx, items: stated.run_stated_risk(ctx.scorer, items, *_stated(ctx), "sequences",
+                                                               ctx.card.mcqa_context),
+                 prompt=lambda ctx, item: {
+                     "contexts": [stated.sequences_context(item, stated.instruction(t, _stated(ctx)[1]),
+                                                           ctx.card.mcqa_context) for t in _stated(ctx)[0]],
+                     "unstated": stated.sequences_context(item, None, ctx.card.mcqa_context),
+                     "continuations": [" " + c for c in item.choices]},
+                 summarise=stated.summarise, headline=lambda r: r["dcs"], answer=lambda r: r["choice"],
+                 idk_option=True, chance=stated.chance, details=stated.table,
+                 settings=lambda ctx: {"thresholds": list(_stated(ctx)[0]), "rule": _stated(ctx)[1],
+                                       "context": ctx.card.mcqa_context, "idk_option": ctx.idk_phrasings[0],
+                                       "readout": "summed log-likelihood of each option's text"}),
     ]}
 
 
 def _stated(ctx: Context) -> tuple[tuple[float, ...], str]:
-    """The stated-risk protocol's targets and wording: the card's, else the protocol's defaults."""
+    """The stated-risk protocols' targets and rule: the card's, else the protocols' defaults."""
     from dcsjax.eval.protocols import stated
 
     card = ctx.card
     thresholds = tuple(float(t) for t in card.stated_thresholds) if card.stated_thresholds else stated.THRESHOLDS
-    return thresholds, card.stated_wording or stated.WORDING
+    return thresholds, card.stated_wording or stated.RULE
 
 
 _REGISTRY: dict[str, Protocol] | None = None
@@ -193,7 +207,7 @@ def registry() -> dict[str, Protocol]:
 
 
 # registry order, importable without jax
-PROTOCOLS = ("aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters", "stated-risk")
+PROTOCOLS = ("aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters", "stated-risk", "stated-risk-sequences")
 PROTOCOL_HELP = {  # one line each, for `--help` (which must not wait for jax to import)
     "aps": "perplexity ranking of declarative statements (002 §2)",
     "qa-ppl": "perplexity ranking of question + option texts (the card's qa_template; not APS)",
@@ -203,6 +217,8 @@ PROTOCOL_HELP = {  # one line each, for `--help` (which must not wait for jax to
     "dcs-letters": "DCS from the next-token probabilities of the option letters, IDK a lettered option",
     "stated-risk": "dcs-letters with the scoring rule and target t stated in the prompt, at several t: does "
                    "abstention follow t?",
+    "stated-risk-sequences": "stated-risk read by the options' sequence likelihoods (the dcs read-out) instead of "
+                             "letters",
 }
 
 

@@ -7,11 +7,17 @@ point, and an answer of 'I don't know' receives 0 points", and call a model beha
 every t, it answers exactly when its confidence exceeds t. That penalty is DCS's own loading at threshold t
 (lc = 1, lw = t/(1-t), paper 000), so the score of each stated rule is DCS at that t's loadings.
 
-The elicitation is dcs-letters' (`dcs.run_dcs_letters`): the options lettered, the appended abstention option
-lettered with them, the letters' next-token probabilities renormalised over them; the rule replaces the
-cost line. Each item is also asked once with no rule stated (`UNSTATED`), which gives the policy the model's
-own distribution implies at each t (answer iff its confidence in its best option, renormalised without the
-abstention option, exceeds t) and DCS at the same loadings with t not stated.
+Two read-outs of the model's distribution over the options and the appended abstention option:
+- `stated-risk` (letters): dcs-letters' elicitation (`dcs.run_dcs_letters`): the options lettered, the abstention
+  option lettered with them, the letters' next-token probabilities renormalised over them; the rule (and "Answer
+  with the letter only.") replaces the cost line.
+- `stated-risk-sequences`: the rule, then the card's question template (`mcqa_context`); each option's text and
+  the abstention option's continue it, and their summed log-likelihoods are renormalised over them (the `dcs`
+  protocol's headline read-out). No letters: the options' order does not matter.
+Each item is also asked once with no rule stated (letters: "Answer with the letter only." alone; sequences: the
+question alone), which gives the policy the model's own distribution implies at each t (answer iff its
+confidence in its best option, renormalised without the abstention option, exceeds t) and DCS at the same
+loadings with t not stated.
 """
 
 from __future__ import annotations
@@ -22,14 +28,17 @@ import numpy as np
 
 from dcsjax.data.items import Item
 from dcsjax.eval.protocols import dcs
+from dcsjax.eval.protocols.mcqa import MCQA_CONTEXT, mcqa_context
 from dcsjax.metrics.dcs import dcs as dcs_of_masses
 
 THRESHOLDS = (0.0, 0.5, 0.75, 0.9)
-# Kalai et al.'s wording; {t} is the target and {penalty} the cost of a mistake, t/(1-t), as numbers (`number`).
-# The abstention option's own text is the card's (default "I don't know."), lettered among the options.
-WORDING = ("Answer only if you are > {t} confident, since mistakes are penalised {penalty} points, while correct "
-           "answers receive 1 point, and an answer of \"I don't know\" receives 0 points. Answer with the letter only.")
-UNSTATED = "Answer with the letter only."  # the same prompt with no rule: the model's own policy
+# Kalai et al.'s rule; {t} is the target and {penalty} the cost of a mistake, t/(1-t), as numbers (`number`). The
+# abstention option's own text is the card's (default "I don't know."). A card's `stated_wording` replaces it.
+RULE = ("Answer only if you are > {t} confident, since mistakes are penalised {penalty} points, while correct "
+        "answers receive 1 point, and an answer of \"I don't know\" receives 0 points.")
+UNSTATED = "Answer with the letter only."  # the letters prompt with no rule: the model's own policy
+WORDING = f"{RULE} {UNSTATED}"  # the letters read-out's line at each t
+READOUTS = ("letters", "sequences")
 
 
 def penalty(t: float) -> float:
@@ -81,12 +90,36 @@ def item_record(item: Item, stated: Sequence[dict], unstated: dict, thresholds: 
     }
 
 
-def run_stated_risk(scorer, items: Sequence[Item], thresholds: Sequence[float] = THRESHOLDS,
-                    wording: str = WORDING) -> list[dict]:
+def sequences_context(item: Item, rule: str | None, template: str = MCQA_CONTEXT) -> str:
+    """The sequences read-out's context: the stated rule (None: no rule) on a line before the question."""
+    question = mcqa_context(item, template)
+    return f"{rule}\n{question}" if rule else question
+
+
+def run_sequences(scorer, items: Sequence[Item], lw: float, rule: str | None, template: str = MCQA_CONTEXT
+                  ) -> list[dict]:
+    """Records of the distribution over every option (the abstention option among them) from their summed
+    log-likelihoods as continuations of `sequences_context`, scored at loadings (1, lw)."""
+    contexts = [sequences_context(item, rule, template) for item in items]
+    continuations = [[" " + c for c in item.choices] for item in items]
+    per_token = scorer.option_logprobs(contexts, continuations) if items else []
+    probs = [dcs.softmax(np.array([float(np.asarray(lp, np.float64).sum()) for lp in lps])) for lps in per_token]
+    return dcs.dcs_records(items, probs, [item.idk for item in items], 1.0, lw, [{} for _ in items])
+
+
+def run_stated_risk(scorer, items: Sequence[Item], thresholds: Sequence[float] = THRESHOLDS, rule: str = RULE,
+                    readout: str = "letters", template: str = MCQA_CONTEXT) -> list[dict]:
     """Items with the abstention option among their options (the registry appends it): each asked under every
-    stated target and once unstated."""
-    stated = [dcs.run_dcs_letters(scorer, items, 1.0, penalty(t), instruction(t, wording)) for t in thresholds]
-    unstated = dcs.run_dcs_letters(scorer, items, 1.0, 1.0, UNSTATED)
+    stated target and once unstated, read out by letters or by sequences (`READOUTS`)."""
+    if readout == "letters":
+        stated = [dcs.run_dcs_letters(scorer, items, 1.0, penalty(t), instruction(t, f"{rule} {UNSTATED}"))
+                  for t in thresholds]
+        unstated = dcs.run_dcs_letters(scorer, items, 1.0, 1.0, UNSTATED)
+    elif readout == "sequences":
+        stated = [run_sequences(scorer, items, penalty(t), instruction(t, rule), template) for t in thresholds]
+        unstated = run_sequences(scorer, items, 1.0, None, template)
+    else:
+        raise ValueError(f"readout is one of {READOUTS}, not {readout!r}")
     return [item_record(item, [s[i] for s in stated], unstated[i], thresholds) for i, item in enumerate(items)]
 
 
