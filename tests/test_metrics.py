@@ -147,3 +147,30 @@ def test_abstention_metrics_worked_example():
     assert got["coverage"] == pytest.approx(2 / 4)
     assert got["abstain_unanswerable"] == pytest.approx(1.0)
     assert got["over_abstention"] == pytest.approx(1 / 3)
+    assert got["accuracy_answered"] == pytest.approx(1 / 2)  # items 0 and 1 answered, one right
+    assert got["truthfulness"] == pytest.approx((1 - 1 + 0 + 0) / 4)  # right, wrong, abstained, abstained
+    # forced answers: A (0.7, right), B (0.5, wrong), A (0.3, wrong), B (0.2, wrong); AP = precision at the one hit
+    assert got["ap"] == pytest.approx(1.0)
+
+
+def test_average_precision_equals_scikit_learns_with_ties():
+    """AP of the forced answer's confidence against its correctness, against scikit-learn on random distributions
+    whose confidences repeat (rounded to tenths, so thresholds are shared)."""
+    from sklearn.metrics import average_precision_score
+
+    from dcsjax.metrics.calibration import average_precision, forced_answer
+
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        n = int(rng.integers(2, 40))
+        raw = np.round(rng.dirichlet(np.ones(4), n), 1) + 1e-3
+        probs = jnp.asarray(raw / raw.sum(1, keepdims=True), jnp.float32)
+        correct = np.zeros((n, 4), bool)
+        correct[np.arange(n), rng.integers(0, 4, n)] = True
+        d = Distributions(probs, jnp.asarray(correct), jnp.asarray(np.tile([0, 0, 0, 1], (n, 1)).astype(bool)),
+                          jnp.ones((n, 4), bool))
+        confidence, hit = (np.asarray(x) for x in forced_answer(d))
+        if hit.any():
+            assert float(average_precision(d)) == pytest.approx(average_precision_score(hit, confidence), abs=1e-6)
+        else:
+            assert float(average_precision(d)) == 0.0

@@ -135,6 +135,23 @@ def aurc(d: Distributions) -> jax.Array:
     return jnp.mean(risk_coverage(d)[1])
 
 
+def average_precision(d: Distributions) -> jax.Array:
+    """Average precision of the forced answer's confidence as a detector of its correctness (R-Tuning's AP):
+    sum over the distinct confidences, most confident first, of (recall gained there) x (precision there); tied
+    confidences are one threshold, as scikit-learn's `average_precision_score` takes them. 0 with no correct
+    answer."""
+    confidence, hit = forced_answer(d)
+    order = jnp.argsort(-confidence, stable=True)
+    c, h = confidence[order], hit[order].astype(jnp.float32)
+    true_pos = jnp.cumsum(h)
+    precision = true_pos / jnp.arange(1, c.shape[0] + 1, dtype=jnp.float32)
+    recall = true_pos / jnp.maximum(true_pos[-1], 1.0)
+    group_end = jnp.append(c[1:] != c[:-1], True)  # the last item of each run of one confidence
+    at_ends = jnp.where(group_end, recall, 0.0)
+    before = jnp.concatenate([jnp.zeros(1), jax.lax.cummax(at_ends)[:-1]])  # the recall of the previous threshold
+    return jnp.sum(jnp.where(group_end, (recall - before) * precision, 0.0))
+
+
 def selective_accuracy(d: Distributions, coverage: float) -> jax.Array:
     """Accuracy on the ceil(coverage * N) most confident items."""
     cov, risk = risk_coverage(d)
@@ -198,8 +215,24 @@ def over_abstention(d: Distributions) -> jax.Array:
     return _mean_over(choice(d)[0].astype(jnp.float32), _answerable(d))
 
 
-# What fine-tuning for abstention is judged by, each a jit-able statistic of a batch of items.
+def accuracy_answered(d: Distributions) -> jax.Array:
+    """Right answers among the items answered (the model's own choice is an option, not IDK)."""
+    abstain, right = choice(d)
+    return _mean_over(right.astype(jnp.float32), ~abstain)
+
+
+def truthfulness(d: Distributions) -> jax.Array:
+    """T = accuracy - hallucination rate over all items, of the model's own choices (TruthRL's +1 right, 0
+    abstain, -1 wrong): the ternary score at t = 0.5, DCS's decisions at lc = lw = 1."""
+    return ternary_score(d, 0.5)
+
+
+# What fine-tuning for abstention is judged by, each a jit-able statistic of a batch of items: the literature's
+# (R-Tuning's AP and accuracy on answered items, TruthRL's T, calibration's ECE and Brier, selective
+# prediction's AURC) beside DCS's own.
 ABSTENTION_METRICS = {
     "dcs": mean_dcs, "accuracy": answer_accuracy, "coverage": coverage,
     "abstain_unanswerable": abstention_unanswerable, "over_abstention": over_abstention, "ece": ece,
+    "accuracy_answered": accuracy_answered, "truthfulness": truthfulness, "ap": average_precision,
+    "brier": brier_score, "aurc": aurc,
 }
