@@ -161,8 +161,8 @@ def test_average_precision_equals_scikit_learns_with_ties():
     from dcsjax.metrics.calibration import average_precision, forced_answer
 
     rng = np.random.default_rng(3)
-    for trial in range(20):
-        n = int(rng.integers(2, 40))
+    for trial in range(21):
+        n = (5, 17, 39)[trial % 3]  # three sizes: three compiles
         raw = np.round(rng.dirichlet(np.ones(4), n), 1) + 1e-3
         probs = jnp.asarray(raw / raw.sum(1, keepdims=True), jnp.float32)
         correct = np.zeros((n, 4), bool)

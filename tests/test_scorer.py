@@ -94,6 +94,7 @@ def test_shared_question_equals_each_pair_alone(model_name):
         assert abs(score - ref[len(ctx_ids):].mean()) < 1e-4
 
 
+@pytest.mark.slow
 def test_options_after_a_long_question_run_only_their_own_tokens_through_the_head(tiny, monkeypatch):
     """A shared question's prefix is context: the vocabulary head runs on the options' columns only (64 of a
     row's 256 here), the prefix's predictions come back NaN, and the options' scores equal each pair scored
