@@ -157,6 +157,30 @@ def test_cached_layers_give_the_letters_elicitation_of_eval(model_name, top, sma
 
 
 @pytest.mark.slow
+def test_refusal_targets_follow_the_starting_models_own_answers(small_splits):
+    """R-Tuning's labels: the gold option where the starting model's answer (read by eval's own letters
+    elicitation, its most probable option with IDK left out) is right, IDK where it is wrong; unanswerable
+    versions always IDK."""
+    from dcsjax.training.policies import refusal_targets
+
+    scorer = scorer_for(SMOL)
+    items = small_splits["train"][:12]
+    features = letter_features(scorer, items, 2)
+    start = distributions(predict_logits(scorer.config, top_params(scorer.model, 2), scorer.model.output_embedding,
+                                         features), features)
+    targets = refusal_targets(start)
+    rights = 0
+    for item, record, row in zip(items, run_dcs_letters(scorer, items), targets):
+        probs = np.asarray(record["probs"])
+        answer = max((j for j in range(len(probs)) if j != item.idk), key=lambda j: probs[j])
+        right = answer in item.correct
+        rights += right
+        want = [j in item.correct and j != item.idk if right else j == item.idk for j in range(len(row))]
+        assert list(row) == want, item.id
+    assert 0 < rights < len(items)  # both kinds of label occur
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [SMOL, "gemma3-270m"])
 def test_export_reads_back_in_dcsjax_and_transformers(name, tmp_path):
     import torch

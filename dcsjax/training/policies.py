@@ -61,6 +61,17 @@ def tune_threshold(dev: Distributions, lw: float) -> float:
     return float(np.inf if best == 0 else conf[best - 1])
 
 
+def refusal_targets(start: Distributions) -> np.ndarray:
+    """R-Tuning's labels (Zhang et al., NAACL 2024) on this read-out, from the starting model's own answers: [N, K]
+    bool, the gold option(s) where its forced answer (`forced`: the most probable option, IDK left out) is right,
+    the IDK option where it is wrong (so on every unanswerable version, whose only correct entry is IDK). A model
+    trained by cross-entropy on them learns to refuse what it got wrong: the refusal baseline's targets."""
+    pick, _ = forced(start)
+    correct, idk = np.asarray(start.correct), np.asarray(start.idk)
+    right = (correct & ~idk)[np.arange(len(pick)), pick]
+    return np.where(right[:, None], correct & ~idk, idk)
+
+
 def thresholded(d: Distributions, tau: float) -> np.ndarray:
     pick, confidence = forced(d)
     return np.where(confidence >= tau, pick, ABSTAIN)
