@@ -161,13 +161,13 @@ def _build() -> dict[str, Protocol]:
                  run=lambda ctx, items: stated.run_stated_risk(ctx.scorer, items, *_stated(ctx)),
                  prompt=lambda ctx, item: {
                      "contexts": [dcs.letters_context(ctx.scorer, item, 1.0, stated.penalty(t),
-                                                      stated.instruction(t, f"{_stated(ctx)[1]} {stated.UNSTATED}"))[0]
+                                                      stated.instruction(t, stated.letters_wording(_stated(ctx)[1])))[0]
                                   for t in _stated(ctx)[0]],
                      "unstated": dcs.letters_context(ctx.scorer, item, 1.0, 1.0, stated.UNSTATED)[0]},
                  summarise=stated.summarise, headline=lambda r: r["dcs"], answer=lambda r: r["choice"],
                  letters=True, idk_option=True, chance=stated.chance, details=stated.table,
                  settings=lambda ctx: {"thresholds": list(_stated(ctx)[0]),
-                                       "wording": f"{_stated(ctx)[1]} {stated.UNSTATED}",
+                                       "wording": stated.letters_wording(_stated(ctx)[1]),
                                        "unstated": stated.UNSTATED, "idk_option": ctx.idk_phrasings[0],
                                        "chat_template": dcs.letters_use_chat_template(ctx.scorer)},
                  merge_rotations=lambda ctx, item, records, perms: stated.merge_rotations(item, records, perms)),

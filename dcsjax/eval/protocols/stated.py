@@ -37,7 +37,14 @@ THRESHOLDS = (0.0, 0.5, 0.75, 0.9)
 RULE = ("Answer only if you are > {t} confident, since mistakes are penalised {penalty} points, while correct "
         "answers receive 1 point, and an answer of \"I don't know\" receives 0 points.")
 UNSTATED = "Answer with the letter only."  # the letters prompt with no rule: the model's own policy
-WORDING = f"{RULE} {UNSTATED}"  # the letters read-out's line at each t
+
+
+def letters_wording(rule: str = RULE) -> str:
+    """The letters read-out's line at each t: the rule, then the unstated prompt's request for a letter."""
+    return f"{rule} {UNSTATED}"
+
+
+WORDING = letters_wording()
 READOUTS = ("letters", "sequences")
 
 
@@ -112,7 +119,7 @@ def run_stated_risk(scorer, items: Sequence[Item], thresholds: Sequence[float] =
     """Items with the abstention option among their options (the registry appends it): each asked under every
     stated target and once unstated, read out by letters or by sequences (`READOUTS`)."""
     if readout == "letters":
-        stated = [dcs.run_dcs_letters(scorer, items, 1.0, penalty(t), instruction(t, f"{rule} {UNSTATED}"))
+        stated = [dcs.run_dcs_letters(scorer, items, 1.0, penalty(t), instruction(t, letters_wording(rule)))
                   for t in thresholds]
         unstated = dcs.run_dcs_letters(scorer, items, 1.0, 1.0, UNSTATED)
     elif readout == "sequences":
