@@ -84,7 +84,7 @@ def tiny_scorer(**options):
         import jax
 
         nnx.update(model, jax.tree.map(lambda w: w * 10 if w.ndim > 1 else w, nnx.state(model, nnx.Param)))
-        tokenizer = gguf_tokenizer(path, file, card.sha256)
+        tokenizer = gguf_tokenizer(path, card.sha256, gguf_vocab_size(file), file)
         start = tokenizer.convert_tokens_to_ids(card.document_start)
         _scorers["tiny"] = Scorer(model, tokenizer, start, name=SMOL, card=card, variant=card.variant,
                                   model_fingerprint={"tiny": "random, seed 0", "card": card.name, "dtype": "float32",

@@ -13,6 +13,7 @@ import re
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import UNKNOWNS, UNKNOWNS_CARD, scorer_for, tiny_scorer
@@ -253,23 +254,33 @@ def test_api_argument_checks():
 
 
 @pytest.mark.slow
-def test_a_damaged_tokenizer_cache_is_rebuilt(tmp_path, monkeypatch):
+def test_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch):
+    """The first load keeps the file's conversion and tokenizer in the cache; a kept copy damaged on disk is
+    converted again with a warning, giving what a fresh conversion gives, and the next load is quiet."""
     import dcsjax
     from dcsjax.checkpoints.fetch import fetch_model
 
-    path = fetch_model(MODEL)
-    monkeypatch.setenv("DCSJAX_CACHE", str(tmp_path))  # the tokenizer cache only; the model loads by path
-    text = "Question: Is it?\nAnswer: Yes"
+    path, reference = fetch_model(MODEL), scorer_for(MODEL)  # from the project's cache
+    monkeypatch.setenv("DCSJAX_CACHE", str(tmp_path))  # an empty cache; the model loads by path
+    texts = ["Question: Is it?\nAnswer: Yes", "The capital of France is Paris."]
     first = dcsjax.load(path, document_start="<|endoftext|>")
-    (saved,) = (tmp_path / "tokenizers").iterdir()
-    (saved / "tokenizer.json").write_text('{"version": "1.0", "trunc')
-    with pytest.warns(UserWarning, match="cached tokenizer of SmolLM2-135M-Instruct.Q4_1.gguf is unusable"):
+    (tokenizer,) = (tmp_path / "gguf-tokenizers").iterdir()
+    (tokenizer / "init.json").write_text('{"bos_token": "<|endoft')
+    (converted,) = (tmp_path / "converted").iterdir()
+    params = converted / "params.safetensors"
+    params.write_bytes(params.read_bytes()[: params.stat().st_size // 2])
+    with pytest.warns(UserWarning) as caught:
         second = dcsjax.load(path, document_start="<|endoftext|>")
-    assert second.encode([text]) == first.encode([text]) == scorer_for(MODEL).encode([text])
-    assert second.tokenizer.chat_template == scorer_for(MODEL).tokenizer.chat_template
+    said = " ".join(str(w.message) for w in caught)
+    assert "cached tokenizer of SmolLM2-135M-Instruct.Q4_1.gguf is unusable" in said
+    assert "converted copy of SmolLM2-135M-Instruct.Q4_1.gguf is unusable" in said
+    assert second.encode(texts) == first.encode(texts) == reference.encode(texts)
+    assert second.tokenizer.chat_template == reference.tokenizer.chat_template
+    assert np.array_equal(second.score(texts), first.score(texts))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # repaired: the next load reads it quietly
-        dcsjax.load(path, document_start="<|endoftext|>")
+        third = dcsjax.load(path, document_start="<|endoftext|>")
+    assert np.array_equal(third.score(texts), first.score(texts))
 
 
 def test_an_instruct_model_without_a_chat_template_is_refused_naming_how_to_give_one(tmp_path):

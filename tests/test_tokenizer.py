@@ -11,8 +11,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from conftest import PASSAGE, reference_tokenizer
-from dcsjax.checkpoints.gguf_file import open_gguf
-from dcsjax.checkpoints.gguf_tokenizer import build_gguf_tokenizer
+from dcsjax.checkpoints.cards import model_card
+from dcsjax.checkpoints.gguf_file import gguf_vocab_size, open_gguf
+from dcsjax.checkpoints.gguf_tokenizer import build_gguf_tokenizer, gguf_tokenizer
 from dcsjax.checkpoints.fetch import fetch_model
 
 pytestmark = pytest.mark.slow
@@ -33,14 +34,18 @@ def test_torch_free_tokenizer_equals_transformers_own(name):
     """Ours, built from the GGUF file without torch, against transformers' own conversion of the same file. For
     SmolLM2 a fresh conversion, against which the tests' kept copy of it (conftest.reference_tokenizer: saved
     and read back) is checked too; for Gemma 3 the kept copy, which a fresh cache builds the same way (the
-    conversion takes 30 s, and the other tests need the copy anyway)."""
+    conversion takes 30 s, and the other tests need the copy anyway). Beside the fresh conversion, the copy of
+    it that dcsjax keeps in its cache and loads from."""
     path = fetch_model(name)
     kept = reference_tokenizer(name)
+    file = open_gguf(path)
+    # what `dcsjax.load` reads: the conversion kept in the cache (made here where the cache has none yet)
+    ours_kept = gguf_tokenizer(path, model_card(name).sha256, gguf_vocab_size(file))
     if name == "gemma3-270m":
-        theirs, candidates = kept, (build_gguf_tokenizer(open_gguf(path), str(path)),)
+        theirs, candidates = kept, (build_gguf_tokenizer(file, str(path)), ours_kept)
     else:
         theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        candidates = (build_gguf_tokenizer(open_gguf(path), str(path)), kept)
+        candidates = (build_gguf_tokenizer(file, str(path)), ours_kept, kept)
     for ours in candidates:
         assert len(ours) == len(theirs)
         assert [getattr(ours, k) for k in SPECIAL] == [getattr(theirs, k) for k in SPECIAL]

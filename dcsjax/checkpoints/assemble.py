@@ -108,7 +108,13 @@ def build_decoder(c: DecoderConfig, tensors: Iterable[tuple[str, np.ndarray]], s
                   dtype=jnp.float32, mesh=None) -> Decoder:
     """A `Decoder` whose every parameter was read from `tensors`; anything missing or extra raises.
     With a mesh, each parameter goes straight into its shards by the rules of `dcsjax.nn.sharding`."""
-    model = nnx.eval_shape(lambda: Decoder(c, dtype=dtype, rngs=nnx.Rngs(0)))
+    return place_params(c, assemble_params(c, tensors, source), source, dtype, mesh)
+
+
+def assemble_params(c: DecoderConfig, tensors: Iterable[tuple[str, np.ndarray]], source: str) -> dict[str, np.ndarray]:
+    """The decoder's parameters as host arrays, by the names `place_params` takes: the top-level ones
+    ("embed", "final_norm", ...) and each per-layer one stacked over the layers ("layers.q": [L, ...]).
+    Every tensor is placed by the family's table; anything missing, extra or misshapen raises."""
     layer_shapes = layer_param_shapes(c)
     table = _layer_table(c)
     stacked = {name: np.empty((c.num_layers, *shape), np.float32) for name, (shape, _) in layer_shapes.items()}
@@ -152,11 +158,20 @@ def build_decoder(c: DecoderConfig, tensors: Iterable[tuple[str, np.ndarray]], s
             raise CheckpointError(f"{source}: tensor {hf_name} does not fit the {c.architecture} config")
 
     missing = [f"layer {i} {name}" for name, ok in filled.items() for i in np.flatnonzero(~ok)]
-    needed = ["embed", "final_norm"] + ([] if c.tie_embeddings else ["unembed"]) + \
-        (["final_norm_bias"] if c.norm_type == "layer" else [])
-    missing += [name for name in needed if name not in top]
+    missing += [name for name in _top_param_names(c) if name not in top]
     if missing:
         raise CheckpointError(f"{source}: missing tensors: {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""))
+
+    return {**top, **{f"layers.{name}": value for name, value in stacked.items()}}
+
+
+def place_params(c: DecoderConfig, params: dict[str, np.ndarray], source: str, dtype=jnp.float32, mesh=None) -> Decoder:
+    """A `Decoder` holding `params` (as `assemble_params` names them) in `dtype`, each checked against the
+    shape the config gives it; with a mesh, each goes straight into its shards."""
+    model = nnx.eval_shape(lambda: Decoder(c, dtype=dtype, rngs=nnx.Rngs(0)))
+    expected = {*_top_param_names(c), *(f"layers.{name}" for name in layer_param_shapes(c))}
+    if not expected <= params.keys():
+        raise CheckpointError(f"{source}: missing parameters: {', '.join(sorted(expected - params.keys())[:8])}")
 
     def put(param, value):
         if mesh is None:
@@ -166,13 +181,19 @@ def build_decoder(c: DecoderConfig, tensors: Iterable[tuple[str, np.ndarray]], s
 
             param.set_value(place(value, param.axes, mesh, dtype))
 
-    for name, value in top.items():
-        param = getattr(model, name)
+    for name, value in params.items():
+        owner, attr = (model.layers, name[len("layers."):]) if name.startswith("layers.") else (model, name)
+        param = getattr(owner, attr, None)
+        if param is None:
+            raise CheckpointError(f"{source}: parameter {name} does not fit the {c.architecture} config")
         _check_shape(source, name, value.shape, param.shape)
         put(param, value)
-    for name, value in stacked.items():
-        put(getattr(model.layers, name), value)
     return model
+
+
+def _top_param_names(c: DecoderConfig) -> list[str]:
+    return ["embed", "final_norm"] + ([] if c.tie_embeddings else ["unembed"]) + \
+        (["final_norm_bias"] if c.norm_type == "layer" else [])
 
 
 def _check_shape(source: str, name: str, got: tuple, want: tuple) -> None:

@@ -12,6 +12,7 @@ keyed by the file's checksum, and rebuilt when the kept copy cannot be read or d
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -44,7 +45,16 @@ def gguf_tokenizer_parts(file, source: str) -> tuple[str, dict, dict]:
 
 def build_gguf_tokenizer(file, source: str):
     """A transformers fast tokenizer from the GGUF metadata (no torch, no cache)."""
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
+
+    backend_json, init = _convert(file, source)
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(backend_json), **init)
+
+
+def _convert(file, source: str) -> tuple[str, dict]:
+    """(the `tokenizers` backend as JSON, the keyword arguments transformers' wrapper takes): what the GGUF
+    metadata converts to."""
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
 
     architecture, tokenizer_dict, config = gguf_tokenizer_parts(file, source)
@@ -52,30 +62,47 @@ def build_gguf_tokenizer(file, source: str):
         backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
     except ValueError as err:
         raise CheckpointError(f"{source}: cannot build its tokenizer: {err}") from err
-    return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
+    return backend.to_str(), {**config, **extra}
 
 
-def gguf_tokenizer(path: Path, file, sha256: str):
-    """The file's tokenizer, from the cache when a sound copy for this checksum is there."""
+def _read_kept(folder: Path):
+    """The wrapper made from a kept conversion, as from a fresh one, but reading the backend from its file
+    (`tokenizers` parses it in Rust; a backend object handed over instead is deep-copied, and transformers'
+    `from_pretrained` parses the 33 MB of Gemma 3's JSON in Python first)."""
     from transformers import PreTrainedTokenizerFast
 
-    vocab_size = len(file.metadata.get("tokenizer.ggml.tokens", ()))
-    saved = cache_dir() / "tokenizers" / sha256[:24]
+    init = json.loads((folder / "init.json").read_text())
+    backend = folder / "backend.json"
+    if not backend.is_file():
+        raise FileNotFoundError(backend)
+    return PreTrainedTokenizerFast(tokenizer_file=str(backend), **init)
+
+
+def gguf_tokenizer(path: Path, sha256: str, vocab_size: int, file=None):
+    """The tokenizer of the GGUF file at `path` (whose digest is `sha256` and whose vocabulary has `vocab_size`
+    tokens): from the cache when a sound copy is there, else converted from `file` (the file's header, read
+    here when not given) and kept. The cache keeps what the conversion made, the backend's JSON and the
+    wrapper's arguments (`tests/test_tokenizer.py` checks a kept copy against a fresh conversion)."""
+    from dcsjax.checkpoints.gguf_file import open_gguf
+
+    saved = cache_dir() / "gguf-tokenizers" / sha256[:24]
     if saved.is_dir():
         try:
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(saved)
+            tokenizer = _read_kept(saved)
             if len(tokenizer) == vocab_size:
                 return tokenizer
             problem = f"{len(tokenizer)} tokens where the file has {vocab_size}"
-        except Exception as err:  # a damaged cache: any parse error of its JSON files
+        except Exception as err:  # a damaged cache: a missing file, any parse error of its JSON files
             problem = f"{type(err).__name__}: {err}"
         warnings.warn(f"{saved}: the cached tokenizer of {path.name} is unusable ({problem}); rebuilding it",
-                      stacklevel=2)
+                      stacklevel=3)
         shutil.rmtree(saved, ignore_errors=True)
-    tokenizer = build_gguf_tokenizer(file, str(path))
+    backend_json, init = _convert(file if file is not None else open_gguf(path), str(path))
     saved.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=saved.parent))
-    tokenizer.save_pretrained(tmp)
+    (tmp / "backend.json").write_text(backend_json)
+    (tmp / "init.json").write_text(json.dumps(init))
+    tokenizer = _read_kept(tmp)
     try:
         os.replace(tmp, saved)  # atomic: a reader sees the whole folder or none
     except OSError:  # another process saved it first

@@ -9,8 +9,8 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from dcsjax.checkpoints.cards import ModelCard, model_card, model_card_names
-from dcsjax.checkpoints.assemble import build_decoder, param_count
-from dcsjax.checkpoints.gguf_file import gguf_metadata, gguf_tensors, gguf_vocab_size, open_gguf
+from dcsjax.checkpoints.assemble import build_decoder, param_count, place_params
+from dcsjax.checkpoints.gguf_file import gguf_metadata, gguf_vocab_size, open_gguf
 from dcsjax.checkpoints.gguf_tokenizer import gguf_tokenizer
 from dcsjax.checkpoints.hub import hub_snapshot, is_hub_id
 from dcsjax.checkpoints.hf_dir import hf_config, hf_tensors
@@ -157,16 +157,15 @@ def document_start_id(tokenizer, card: ModelCard | None, override: str | None, s
 
 
 def _load_gguf(path: Path, dtype, mesh, sha256: str | None):
-    """(model, tokenizer, the file's SHA-256); a card's checksum was checked when it was fetched."""
+    """(model, tokenizer, the file's SHA-256); a card's checksum was checked when it was fetched. The file's
+    conversion and tokenizer are kept in the cache after the first load (`checkpoints/converted.py`)."""
     from dcsjax.cache import sha256_file
+    from dcsjax.checkpoints.converted import converted_gguf
 
-    file = open_gguf(path)
     sha256 = sha256 or sha256_file(path)
-    meta = gguf_metadata(file)
-    config = config_from_gguf(meta, gguf_vocab_size(file), source=str(path))
-    model = build_decoder(config, gguf_tensors(file, config.architecture, config.num_heads,
-                                               config.num_kv_heads, str(path)), str(path), dtype, mesh)
-    return model, gguf_tokenizer(path, file, sha256), sha256
+    config, params, vocab_size = converted_gguf(path, sha256)
+    model = place_params(config, params, str(path), dtype, mesh)
+    return model, gguf_tokenizer(path, sha256, vocab_size), sha256
 
 
 def _load_hf_dir(path: Path, dtype, mesh=None):
