@@ -92,7 +92,8 @@ def main() -> None:
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp())
     tasks = [arc_task(folder, args.items), *(() if args.arc_only else KEPT_TASKS)]
-    manager = TaskManager(include_path=[str(folder), str(ROOT / 'tests' / 'lm_eval_tasks')])
+    # the configs this run names, not lm-eval's 10,000-odd packaged ones (arc_bench includes its YAML by path)
+    manager = TaskManager(include_path=[str(folder), str(ROOT / 'tests' / 'lm_eval_tasks')], include_defaults=False)
     path = fetch_model(args.model)
     rows, metrics, results = [], {}, {}
     builders = {"dcsjax": lambda: DcsjaxLM(pretrained=args.model),

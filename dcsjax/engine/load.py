@@ -162,6 +162,8 @@ def _load_gguf(path: Path, dtype, mesh, sha256: str | None):
     from dcsjax.cache import sha256_file
     from dcsjax.checkpoints.converted import converted_gguf
 
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such GGUF file")
     sha256 = sha256 or sha256_file(path)
     config, params, vocab_size = converted_gguf(path, sha256)
     model = place_params(config, params, str(path), dtype, mesh)
