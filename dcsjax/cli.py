@@ -413,8 +413,8 @@ def _train_parser(sub) -> None:
                    help=f"abstention data, comma-separated (default {','.join(DEFAULT_TASKS)})")
     p.add_argument("--per-task", type=int, default=DEFAULT_PER_TASK, help="at most N questions of each task, of each "
                    f"subject where it has subjects (MMLU) (default {DEFAULT_PER_TASK}; 0: all)")
-    p.add_argument("--arms", default="ce,dcs+ce", help="trained arms (ce, dcs, dcs+ce); the starting model is always "
-                                                       "scored")
+    p.add_argument("--arms", default="ce,dcs+ce,refusal",
+                   help="trained arms (ce, dcs, dcs+ce, refusal: R-Tuning's baseline); the starting model is always scored")
     p.add_argument("--thresholds", default="0.25,0.5,0.75", help="target thresholds t (lc = 1, lw = t/(1-t))")
     p.add_argument("--seeds", default="0,1,2", help="seeds of the trained arms, comma-separated (default 0,1,2)")
     p.add_argument("--adapters", default="top", help="top (the top blocks trained outright), lora (adapters on every "

@@ -242,12 +242,35 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
     grid = dict(tasks=SMALL_TASKS, per_task=5, thresholds=(0.5, 0.75), seeds=(0,),
                 adapters=("top", "lora"), lora_layers=2, lora_steps=8, lora_thresholds=(0.5,), base=cfg, n_boot=50,
                 progress=False)
+    import dcsjax.training.experiment as experiment
+
+    labels = {}  # (adapter, run) -> the training labels the run was given
+    real_train = experiment.train
+
+    def recording(model, train_set, dev_set, cfg, folder, *args, **kwargs):
+        labels[folder.parent.name, folder.name] = train_set.correct
+        return real_train(model, train_set, dev_set, cfg, folder, *args, **kwargs)
+
+    monkeypatch.setattr(experiment, "train", recording)
     results = run_experiment(SMOL, out, export_adapter="lora", **grid)
+    monkeypatch.undo()
+    # the refusal baseline trained on R-Tuning's labels from the starting model's own answers (its logits on the
+    # training split, kept by the experiment), every other arm on the items' own labels; both adapters alike
+    from dcsjax.training.policies import refusal_targets
+    from dcsjax.training.train import distributions
+
+    top_train = load_features(out / "features" / "top2" / "train.npz")
+    start_train = distributions(np.load(out / "features" / "top2" / "start_train_logits.npy"), top_train)
+    for adapter in ("top", "lora"):
+        assert np.array_equal(labels[adapter, "refusal-seed0"], refusal_targets(start_train))
+        assert np.array_equal(labels[adapter, "ce-seed0"], top_train.correct)
+    assert not np.array_equal(refusal_targets(start_train), top_train.correct)  # it got some wrong
     for t in ("0.5", "0.75"):
         entry = results["by_threshold"][t]
         lora = {"dcs+ce (lora)", "dcs+ce+tau (lora)"} if t == "0.5" else set()
-        assert set(entry["policies"]) == {"uniform", "start", "start+tau", "ce+tau", "dcs+ce", "dcs+ce+tau", "ce+tau (lora)", *lora}
-        assert "dcs+ce - start+tau" in entry["paired"] and "dcs+ce+tau - start+tau" in entry["paired"]
+        assert set(entry["policies"]) == {"uniform", "start", "start+tau", "ce+tau", "refusal", "dcs+ce", "dcs+ce+tau",
+                                          "ce+tau (lora)", "refusal (lora)", *lora}
+        assert {"dcs+ce - start+tau", "dcs+ce+tau - start+tau", "dcs+ce - refusal"} <= set(entry["paired"])
         if lora:
             assert {"dcs+ce (lora) - ce+tau (lora)", "dcs+ce+tau (lora) - ce+tau (lora)"} <= set(entry["paired"])
         # a thresholded policy's distributional DCS is that of the model it thresholds

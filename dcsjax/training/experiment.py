@@ -1,19 +1,20 @@
 """`dcsjax train-abstain`: the abstention fine-tuning experiment, end to end and resumable.
 
 The question: does training with DCS at a target threshold t beat thresholding a model afterwards?
-1. Answerable and unanswerable versions of real BIG-bench items (two constructions: correct option
-   removed, unanswerable by wording), options shuffled, split by question (`data.py`); the splits are
+1. Answerable and unanswerable versions of real benchmark items (MMLU subjects by default; the correct option
+   removed, or unanswerable by wording), options shuffled, split (`data.py`); the splits are
    written as `jsonl:` benchmark files, so `dcsjax eval` can score any of them.
 2. The frozen lower layers run once per split (`features.py`), cached in the output folder. Every arm
    reads the same prompt (dcs-letters at lc = lw = 1), so the only thing that changes with t is the
    training objective (DCS arms) or the tuned threshold (baselines), never the input.
 3. Arms, each from the same starting model, each seed and adapter in its own resumable run folder: "ce"
-   (plain fine-tuning, once: it does not depend on t) and, at every t, "dcs+ce" (and "dcs") with
+   (plain fine-tuning, once: it does not depend on t), "refusal" (R-Tuning's baseline: CE on the starting
+   model's answers relabelled, IDK where it was wrong; once too) and, at every t, "dcs+ce" (and "dcs") with
    lw = t / (1 - t).
 4. Policies on the held-out test split at every t (`policies.py`): the starting model and the CE model
-   thresholded post hoc (tau tuned on dev for the score at t), the starting model as it is, and each DCS
-   arm's own choice. Metrics pooled over seeds with 95% bootstrap intervals over test items, and paired
-   intervals of each DCS arm minus each baseline on the same items.
+   thresholded post hoc (tau tuned on dev for the score at t), the starting model as it is, the refusal
+   model's own choice, and each DCS arm's own choice. Metrics pooled over seeds with 95% bootstrap
+   intervals over test items, and paired intervals of each DCS arm minus each baseline on the same items.
 5. A table and a figure over t (`summary.md`, `thresholds.png`), training curves (`training.png`),
    `results.json`; one DCS model (seed 0, `export_threshold`) written as an HF directory `dcsjax.load` reads.
 """
@@ -34,7 +35,8 @@ from dcsjax.metrics.bootstrap import resample_indices
 from dcsjax.training.data import CONSTRUCTIONS, DEFAULT_PER_TASK, DEFAULT_TASKS, SPLITS, abstention_splits, write_jsonl
 from dcsjax.training.features import letter_features, load_features, save_features
 from dcsjax.training.policies import (
-    METRIC_LABELS, outcomes, own_choice, paired, summarise, thresholded, tune_threshold, uniform_answerer,
+    METRIC_LABELS, outcomes, own_choice, paired, refusal_targets, summarise, thresholded, tune_threshold,
+    uniform_answerer,
 )
 from dcsjax.eval.tables import render
 from dcsjax.training.config import ARMS
@@ -69,8 +71,15 @@ def cached_features(scorer, items, split: str, folder: Path, top_layers: int, lc
 THRESHOLDS = (0.25, 0.5, 0.75)
 POLICY_LABELS = {"uniform": "uniform answerer (chance)", "start": "starting model, own choice", "start+tau": "starting model + threshold",
                  "ce+tau": "cross-entropy + threshold", "dcs": "DCS at t", "dcs+ce": "DCS + CE at t",
-                 "dcs+tau": "DCS at t + threshold", "dcs+ce+tau": "DCS + CE at t + threshold"}
-BASELINES = ("start+tau", "ce+tau")
+                 "dcs+tau": "DCS at t + threshold", "dcs+ce+tau": "DCS + CE at t + threshold",
+                 "refusal": "refusal targets (R-Tuning), own choice"}
+BASELINES = ("start+tau", "ce+tau", "refusal")
+# The arms an experiment trains: the losses of `config.ARMS`, and R-Tuning's refusal baseline (Zhang et al.,
+# NAACL 2024): cross-entropy on the starting model's own answers relabelled (`policies.refusal_targets`: the
+# gold option where its answer was right, IDK where it was wrong), with the same adapters, steps and dev
+# selection (on the true labels) as every arm. Neither CE arm has a threshold of its own.
+EXPERIMENT_ARMS = (*ARMS, "refusal")
+UNTHRESHOLDED = ("ce", "refusal")
 DCS_POLICIES = ("dcs", "dcs+ce", "dcs+tau", "dcs+ce+tau")  # paired against each baseline
 
 
@@ -103,10 +112,10 @@ def run_grid(base: TrainConfig, adapters: Sequence[str], arms: Sequence[str], th
     for adapter in adapters:
         adapter_seeds = list(lora_seeds if adapter == "lora" and lora_seeds is not None else seeds)
         ts = [float(t) for t in lora_thresholds] if adapter == "lora" and lora_thresholds else list(thresholds)
-        for arm, t in [(arm, t) for arm in arms for t in ([None] if arm == "ce" else ts)]:
+        for arm, t in [(arm, t) for arm in arms for t in ([None] if arm in UNTHRESHOLDED else ts)]:
             lc, lw = (base.lc, base.lw) if t is None else loadings(t)
             for seed in adapter_seeds:
-                cfg = replace(base, arm=arm, seed=seed, lc=lc, lw=lw, adapter=adapter)
+                cfg = replace(base, arm="ce" if arm == "refusal" else arm, seed=seed, lc=lc, lw=lw, adapter=adapter)
                 if adapter == "lora" and lora_steps:
                     cfg = replace(cfg, steps=lora_steps, eval_every=min(cfg.eval_every, lora_steps))
                 specs.append(RunSpec(adapter, arm, t, seed, cfg, seed == adapter_seeds[0]))
@@ -131,7 +140,7 @@ def cached_logits(path: Path, key: dict, compute) -> np.ndarray:
 
 def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs/abstain", *,
                    tasks: Sequence[str] = DEFAULT_TASKS, per_task: int | None = DEFAULT_PER_TASK,
-                   arms: Sequence[str] = ("ce", "dcs+ce"), thresholds: Sequence[float] = THRESHOLDS,
+                   arms: Sequence[str] = ("ce", "dcs+ce", "refusal"), thresholds: Sequence[float] = THRESHOLDS,
                    seeds: Sequence[int] = (0, 1, 2), adapters: Sequence[str] = ("top",), top_layers: int = 2,
                    lora_layers: int | None = None, lora_seeds: Sequence[int] | None = None,
                    lora_steps: int | None = None, lora_thresholds: Sequence[float] | None = None,
@@ -148,8 +157,9 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for arm in arms:
-        if arm not in ARMS:
-            raise ValueError(f"unknown arm {arm!r}: one of {', '.join(ARMS)} (the starting model is always scored)")
+        if arm not in EXPERIMENT_ARMS:
+            raise ValueError(f"unknown arm {arm!r}: one of {', '.join(EXPERIMENT_ARMS)} (the starting model is always "
+                             "scored)")
     thresholds = [float(t) for t in thresholds]
     for t in thresholds:
         loadings(t)  # refuses t outside (0, 1)
@@ -177,16 +187,20 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
         timings[f"features_top{k}"] = timings.get(f"features_top{k}", 0.0) + round(time.time() - tic, 1)
         return f
 
-    # what each adapter trains on (every split), and the starting model's readout (dev and test only: with
-    # LoRA alone, the top-layer features of the training split, 63% of the items, are never read)
+    # what each adapter trains on (every split), and the starting model's readout (dev and test, and the
+    # training split where the refusal baseline relabels it: with LoRA alone and no refusal arm, the top-layer
+    # features of the training split, 63% of the items, are never read)
     trained = set(depth[a] for a in adapters)
-    features = {k: features_at(k, SPLITS if k in trained else ("dev", "test")) for k in sorted(trained | {top_layers})}
+    start_splits = SPLITS if "refusal" in arms else ("dev", "test")
+    features = {k: features_at(k, SPLITS if k in trained else start_splits) for k in sorted(trained | {top_layers})}
     start = top_params(scorer.model, top_layers)
     start_folder = out / "features" / f"top{top_layers}"
     start_dists = {s: distributions(cached_logits(start_folder / f"start_{s}_logits",
                                                   {"features": json.loads((start_folder / f"{s}.json").read_text())},
                                                   lambda: predict_logits(c, start, embedding, features[top_layers][s])),
-                                    features[top_layers][s]) for s in ("dev", "test")}
+                                    features[top_layers][s]) for s in start_splits}
+    # the refusal baseline's labels: the same items in every adapter's features, so one set of targets
+    refusal = refusal_targets(start_dists["train"]) if "refusal" in arms else None
 
     # every trained model: (adapter, arm, t or None) -> per seed {"dev", "test"} distributions
     models: dict[tuple, list[dict]] = {}
@@ -196,7 +210,9 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     for spec in run_grid(base, adapters, arms, thresholds, seeds, lora_seeds, lora_steps, lora_thresholds):
         adapter, arm, t, seed, k = spec.adapter, spec.arm, spec.t, spec.seed, depth[spec.adapter]
         f, folder = features[k], spec.folder(out)
-        result = train(scorer.model, f["train"], f["dev"], spec.cfg, folder, k, progress=progress, log=_log, mesh=mesh)
+        # (a LetterFeatures' len is its item count, which NamedTuple's _replace would take for its field count)
+        train_set = type(f["train"])(**{**f["train"]._asdict(), "correct": refusal}) if arm == "refusal" else f["train"]
+        result = train(scorer.model, train_set, f["dev"], spec.cfg, folder, k, progress=progress, log=_log, mesh=mesh)
         # a run folder's settings are fixed (its config.json): the same best step is the same model
         run_key = {"steps": result["steps"], "best_step": result["best_step"], "best_score": result["best_score"]}
         dists = {split: distributions(cached_logits(folder / f"{split}_logits", run_key | {"items": len(f[split])},
@@ -208,7 +224,7 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
                         "steps": result["steps"], "best_dev_score": result["best_score"],
                         # training time over all resumptions (None: a run finished before times were kept)
                         "seconds": None if result["seconds"] is None else round(result["seconds"], 1)})
-        if (exported is None and arm != "ce" and t == export_threshold and spec.first_seed
+        if (exported is None and arm not in UNTHRESHOLDED and t == export_threshold and spec.first_seed
                 and adapter == (export_adapter or adapters[0])):
             exported = (adapter, arm, t, seed, result["best"], k)
 
@@ -268,6 +284,9 @@ def threshold_results(t: float, start: dict, models: dict, kind: np.ndarray, n_b
         suffix = "" if adapter == "top" else f" ({adapter})"
         if arm == "ce":
             policies["ce+tau" + suffix] = with_threshold(runs)
+        elif arm == "refusal":  # as R-Tuning uses it: the trained model's own choice, IDK its refusal
+            policies["refusal" + suffix] = (outcomes([r["test"] for r in runs], [own_choice(r["test"]) for r in runs],
+                                                     lw, soft=True), {})
         elif at == t:
             policies[arm + suffix] = (outcomes([r["test"] for r in runs], [own_choice(r["test"]) for r in runs], lw,
                                                soft=True), {})
