@@ -283,6 +283,32 @@ def test_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch):
     assert np.array_equal(third.score(texts), first.score(texts))
 
 
+@pytest.mark.slow
+def test_a_conversion_that_cannot_be_kept_is_named_and_the_load_goes_on(tmp_path, monkeypatch):
+    """A full disk while the first load keeps its conversion: one warning that says so, the conversion used
+    from memory, nothing half-written left in the cache."""
+    import errno
+
+    import safetensors.numpy
+
+    from dcsjax.checkpoints.cards import model_card
+    from dcsjax.checkpoints.converted import convert_gguf, converted_gguf
+    from dcsjax.checkpoints.fetch import fetch_model
+
+    path = fetch_model(MODEL)
+    monkeypatch.setenv("DCSJAX_CACHE", str(tmp_path))
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", full)
+    with pytest.warns(UserWarning, match="the converted copy could not be kept .*No space left on device"):
+        config, params, vocab_size = converted_gguf(path, model_card(MODEL).sha256)
+    assert list((tmp_path / "converted").iterdir()) == []
+    _, fresh, _ = convert_gguf(path)
+    assert params.keys() == fresh.keys() and all(np.array_equal(params[k], fresh[k]) for k in fresh)
+
+
 def test_an_instruct_model_without_a_chat_template_is_refused_naming_how_to_give_one(tmp_path):
     """Its letter and APX prompts would silently change (and with them every DCS and answer): it is refused
     instead; loaded as a base model it runs, asked without a template."""

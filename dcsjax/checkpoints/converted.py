@@ -92,11 +92,16 @@ def _write(folder: Path, config, params: dict[str, np.ndarray], vocab_size: int)
     it first wins, and a reader never sees half a file)."""
     from safetensors.numpy import save_file
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    tmp = None
     try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
         save_file({k: np.ascontiguousarray(v) for k, v in params.items()}, str(tmp / _PARAMS))
         (tmp / _CONFIG).write_text(json.dumps({"config": dataclasses.asdict(config), "vocab_size": vocab_size}))
         os.replace(tmp, folder)
-    except Exception:  # another process kept it first, or the disk is full: this load goes on from memory
-        shutil.rmtree(tmp, ignore_errors=True)
+    except Exception as err:  # this load goes on from memory either way
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not (folder / _PARAMS).is_file():  # not another process keeping it first: a full disk, a read-only cache
+            warnings.warn(f"{folder}: the converted copy could not be kept ({type(err).__name__}: {err}); each load "
+                          "converts the file again", stacklevel=4)
