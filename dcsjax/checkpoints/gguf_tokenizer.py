@@ -7,7 +7,8 @@ tokens, pre-tokenizer, chat template) needs only `tokenizers`, so the metadata i
 (`tests/test_tokenizer.py` compares the two on both real models).
 
 Gemma 3's 262k-token vocabulary takes about 13 s to convert, so the result is kept under the cache,
-keyed by the file's checksum, and rebuilt when the kept copy cannot be read or does not match the file.
+keyed by the file's checksum and transformers' version, and rebuilt when the kept copy cannot be read or does
+not match the file.
 """
 
 from __future__ import annotations
@@ -85,7 +86,10 @@ def gguf_tokenizer(path: Path, sha256: str, vocab_size: int, file=None):
     wrapper's arguments (`tests/test_tokenizer.py` checks a kept copy against a fresh conversion)."""
     from dcsjax.checkpoints.gguf_file import open_gguf
 
-    saved = cache_dir() / "gguf-tokenizers" / sha256[:24]
+    from importlib.metadata import version
+
+    # keyed by the file and by the converter's version: another transformers may convert differently
+    saved = cache_dir() / "gguf-tokenizers" / f"{sha256[:24]}-transformers-{version('transformers')}"
     if saved.is_dir():
         try:
             tokenizer = _read_kept(saved)
