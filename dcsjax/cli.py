@@ -353,11 +353,17 @@ def cmd_statements(args) -> int:
             counts = generate_statements(scorer, items, card.name, out, temperature=args.temperature,
                                          top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
                                          batch_size=args.batch_size)
-        total = sum(counts[k] for k in ("kept", "too many", "too few"))
-        print(_table([[card.name, str(total), str(counts["kept"]), str(counts["too many"]), str(counts["too few"]),
-                       str(counts["empty"]), f"{1 - counts['kept'] / max(total, 1):.1%}"]],
-                     ["task", "items", "kept", "too many", "too few", "empty", "filtered"]))
-        print(f"\n{out}" + (f" (filtered items with their outputs: {rejected_path(out)})" if args.model else ""))
+        total = sum(counts[k] for k in ("kept", "too many", "too few", "not reached"))
+        filtered = f"{1 - counts['kept'] / max(total, 1):.1%}"
+        if args.model:
+            print(_table([[card.name, str(total), str(counts["kept"]), str(counts["too many"]), str(counts["too few"]),
+                           str(counts["empty"]), filtered]],
+                         ["task", "items", "kept", "too many", "too few", "empty", "filtered"]))
+        else:
+            print(_table([[card.name, card.statements, str(total), str(counts["kept"]), str(counts["not reached"]),
+                           filtered]], ["task", "rule", "items", "kept", "not reached", "filtered"]))
+        print(f"\n{out}" + (f" (filtered items {'with their outputs' if args.model else 'and why'}: "
+                            f"{rejected_path(out)})" if counts["kept"] < total else ""))
         return 0
     from dcsjax.statements.validate import format_summary, validate_file
 
@@ -640,7 +646,8 @@ def main(argv: list[str] | None = None) -> int:
                             "stopping" + (" (always on for demo)" if name == "demo" else ""))
         p.add_argument("--limit", type=_positive_int, default=None, help="the first N items of each task")
         p.add_argument("--sample", type=_positive_int, default=DEMO_SAMPLE if demo else None,
-                       help="N items of each task drawn at random by --seed (instead of the first N: --limit)"
+                       help="N items of each task drawn at random by --seed (instead of the first N: --limit; with "
+                            "--statements, N of the items the file holds)"
                             + (f" (default {DEMO_SAMPLE}; --limit replaces it)" if demo else ""))
         p.add_argument("--threshold", type=_threshold, default=None, help="DCS loadings lc = 1, lw = t / (1 - t)")
         p.add_argument("--output", "--out", "--output_path", default="results",

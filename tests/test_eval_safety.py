@@ -503,6 +503,49 @@ def test_statements_rows_are_checked_against_their_items(tmp_path):
     assert errors["q3"].startswith(f"{stmts}:3: statements of another item: choices ['7', '8']")
 
 
+def test_aps_carries_its_statements_validation_and_publishes_nothing_from_straying_ones(tmp_path):
+    """Every APS record carries its statements' BLEU and length gap against the question-answer pairs (002 A.2),
+    the row their medians; statements far from their pairs leave the row without a number, the reason in its
+    warnings and tables, and the report without their records. `--sample` draws from the items a file holds."""
+    from dcsjax.eval.run import format_table
+    from dcsjax.statements.validate import bleu
+
+    task = write_jsonl(tmp_path / "items.jsonl", ITEMS)
+    close = [{"id": i["id"], "question": i["question"], "choices": i["choices"],
+              "statements": [f"{i['question']} {c}" for c in i["choices"]]} for i in ITEMS]
+    far = [{**r, "statements": [f"Entirely unrelated words that wander far from any pair, number {k} of them"
+                                for k, _ in enumerate(r["choices"])]} for r in close]
+    for name, rows in (("close", close), ("far", far)):
+        stmts = tmp_path / f"{name}.jsonl"
+        stmts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        summary = evaluate(tmp_path / name, [task], ["aps", "qa-ppl"], limit=None, statements=stmts)
+        row = summary["rows"][0]
+        records = read_records(tmp_path / name / MODEL / "items" / "aps.jsonl")
+        by_id = {r["id"]: r for r in rows}
+        for record in records:  # in the presented order: each statement against its own option's pair
+            item = next(i for i in ITEMS if i["id"] == record["id"])
+            want = [bleu(s, f"{item['question']} {item['choices'][by_id[record['id']]['statements'].index(s)]}")
+                    for s in record["statements"]]
+            assert record["bleu"] == pytest.approx(want, abs=1e-4)
+        if name == "close":
+            assert row["metrics"]["statements_bleu_median"] == 1.0 and row["metrics"]["statements_gap_median"] == 0
+            assert row["value"] == np.mean([r["correct"] for r in records]) and not row["warnings"]
+        else:
+            assert row["value"] is None and row["ci95"] == [None, None] and row["metrics"]["accuracy"] is None
+            assert "fail validation (002 A.2): BLEU median" in row["warnings"][-1]
+            table = format_table(summary)
+            assert "withheld" in table and "no number: the statements fail validation" in table
+            write_report([tmp_path / name], tmp_path / "report", n_boot=20)
+            report = (tmp_path / "report" / "summary.md").read_text()
+            assert f"APS withheld, its statements failing validation: {MODEL}/items:" in report
+            cells = next(line for line in report.splitlines() if line.startswith("| items (n=3)")).split("|")
+            assert cells[3].strip() == "-" and cells[4].strip().startswith("0.")  # APS's cell empty, qa-ppl's there
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(close[1]) + "\n")
+    summary = evaluate(tmp_path / "sampled", [task], ["aps"], limit=None, sample=2, statements=one)
+    assert [(r["n"], r["errors"]) for r in summary["rows"]] == [(1, 0)]
+
+
 def test_data_errors_stop_the_run_before_the_model_loads(tmp_path):
     """Tasks are read before the model: a broken statements file is named at once (here the model name does
     not even exist, and it is not what the run stops on)."""

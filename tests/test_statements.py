@@ -37,8 +37,9 @@ def test_filter_counts_by_reason(tmp_path):
     out.write_text('{"id": "a"}\n{"id": "b"}\n')
     rows = [("3 statements for 2 options", 2), ("1 statements for 4 options", 4), ("empty output", 3)]
     (tmp_path / "s.rejected.jsonl").write_text(
-        "".join(json.dumps({"id": str(i), "reason": r, "n_options": n}) + "\n" for i, (r, n) in enumerate(rows)))
-    assert dict(filter_counts(out)) == {"kept": 2, "too many": 1, "too few": 2, "empty": 1}
+        "".join(json.dumps({"id": str(i), "reason": r, "n_options": n}) + "\n" for i, (r, n) in enumerate(rows))
+        + json.dumps({"id": "c", "rule": "stem", "reason": "rule 'stem' does not reach it", "n_options": 4}) + "\n")
+    assert dict(filter_counts(out)) == {"kept": 2, "too many": 1, "too few": 2, "empty": 1, "not reached": 1}
 
 
 # ------------------------------------------------------------------------------------------------ sampling
@@ -103,6 +104,68 @@ def test_rule_based_cloze_path_needs_no_model(tmp_path, bigbench_copy):
         assert blank and "<MASK>" not in tail
         for choice, statement in zip(row["choices"], row["statements"]):
             assert statement == head + choice.strip() + tail
+
+
+@pytest.mark.parametrize("question, choices, statements", [
+    # a stem each option completes: the statement is the question-answer pair itself
+    ("Narcotics work because they are chemically very similar to", ["endorphins", "Resource providers."],
+     ["Narcotics work because they are chemically very similar to endorphins",
+      "Narcotics work because they are chemically very similar to Resource providers."]),
+    ("All of the following organs secrete enzymes EXCEPT the", ["mouth", "pancreas"],
+     ["All of the following organs secrete enzymes EXCEPT the mouth",
+      "All of the following organs secrete enzymes EXCEPT the pancreas"]),
+    # one blank filled with the option as written, its full stop dropped inside the sentence
+    ("Projective tests generally ___ than objective tests.", ["Have higher reliability.", "are shorter"],
+     ["Projective tests generally Have higher reliability than objective tests.",
+      "Projective tests generally are shorter than objective tests."]),
+    ("A public that is well informed is known as _________", ["Moral imagination.", "civics"],
+     ["A public that is well informed is known as Moral imagination.", "A public that is well informed is known as civics"]),
+    # no rule statement: a question, an instruction, several lines, a scenario pair, two blanks, a capital or a
+    # formula at the end, an empty option
+    ("What is the capital of France?", ["Paris", "Rome"], None),
+    ("Why is ____ the first step?", ["planning", "testing"], None),
+    ("Find the degree of the extension.", ["2", "4"], None),
+    ("Which of the following is true:\nI. a is\nII. b is", ["I only", "II only"], None),
+    ("Scenario 1 | I took it. Scenario 2 | I gave it", ["Wrong, Wrong", "Not wrong, Wrong"], None),
+    ("In Holocene Africa, the ____ was replaced by the ____.", ["a; b", "c; d"], None),
+    ("A microprocessor is ALU", ["and control unit", "none"], None),
+    ("Compute the product (12)(16) in Z_24", ["0", "4"], None),
+    ("The longest bone in the body is", ["the femur", " "], None),
+])
+def test_stem_rule_makes_statements_exactly_and_only_from_sentence_stems(question, choices, statements):
+    from dcsjax.data.tasks import stem_statements
+
+    assert stem_statements(question, choices) == statements
+
+
+def test_mmlu_stem_statements_are_their_question_answer_pairs_and_the_rest_say_why(tmp_path):
+    """The rule on the whole of MMLU, no model: every kept stem item's statements are its question followed by
+    each option (BLEU 1 against the pair, gap 0) or its one blank filled; every item is in the kept file or the
+    rejected file with the reason, none in both, none lost."""
+    from dcsjax.data.tasks import load_task, resolve_task
+
+    card = resolve_task("mmlu")
+    items, _ = load_task(card)
+    out = tmp_path / "mmlu.jsonl"
+    counts = template_statements(items, card.name, card, out)
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    rejected = [json.loads(line) for line in (tmp_path / "mmlu.rejected.jsonl").read_text().splitlines()]
+    assert counts["kept"] == len(kept) and counts["not reached"] == len(rejected)
+    assert sorted(r["id"] for r in kept + rejected) == sorted(i.id for i in items)
+    assert 0.15 < len(kept) / len(items) < 0.35  # about a quarter of MMLU's questions are sentence stems
+    filled = 0
+    for row in kept:
+        q = row["question"].strip()
+        if "___" in q:
+            filled += 1
+            assert all("___" not in s and c.strip().rstrip(".") in s for s, c in zip(row["statements"], row["choices"]))
+        else:
+            assert row["statements"] == [f"{q} {c.strip()}" for c in row["choices"]] and q[-1].islower()
+    assert 0 < filled < len(kept) / 5
+    assert all("?" != r["question"].strip()[-1:] for r in kept)
+    assert all("does not reach it" in r["reason"] for r in rejected)
+    checked = statement_metrics(kept[:200])
+    assert all(m["median_gap"] == 0 for m in checked if "___" not in next(r for r in kept if r["id"] == m["id"])["question"])
 
 
 @pytest.mark.slow

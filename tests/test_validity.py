@@ -142,11 +142,12 @@ def test_aps_without_declarative_statements_is_refused_before_the_model_loads(tm
         assert protocols.get("aps").unavailable(context(None, task)), task
 
 
-def test_aps_is_skipped_and_named_where_asked(tmp_path):  # MMLU: a card with no statement rule
+def test_aps_is_skipped_and_named_where_asked(tmp_path):  # MMLU: a rule for its sentence stems only
     summary = run_eval("smollm2-135m-instruct", ["mmlu:anatomy"], ["aps", "qa-ppl"], tmp_path, limit=4,
                        scorer=scorer_for("smollm2-135m-instruct"), progress=False, skip_unavailable=True)
     assert [r["protocol"] for r in summary["rows"]] == ["qa-ppl"]
-    assert summary["skipped"][0]["protocol"] == "aps" and "qa-ppl" in summary["skipped"][0]["reason"]
+    assert summary["skipped"][0]["protocol"] == "aps"
+    assert "dcsjax statements generate --task mmlu:anatomy" in summary["skipped"][0]["reason"]
 
 
 @pytest.mark.slow

@@ -55,6 +55,7 @@ class ModelResults:
     parameters: float | None
     variant: str | None
     records: dict[str, dict[str, list[dict]]] = field(default_factory=lambda: defaultdict(dict))  # task -> protocol
+    withheld: dict[str, str] = field(default_factory=dict)  # task -> why its APS records publish nothing
 
 
 def _model_info(name: str, sizes: dict, root: Path) -> tuple[float | None, str | None]:
@@ -77,6 +78,7 @@ def load_results(dirs: list[Path], sizes: dict | None = None,
     Exactly the records its summary.json row was made from, where the row names them (a later run with
     another --limit adds records to the file, not to the row). Broken lines and second records of an item
     are skipped (never repaired: a reader does not write) and listed in `skipped`."""
+    from dcsjax.eval.protocols.aps import summarise_aps
     from dcsjax.eval.results import read_summary
 
     models: dict[str, ModelResults] = {}
@@ -93,6 +95,9 @@ def load_results(dirs: list[Path], sizes: dict | None = None,
             if ids is not None:
                 by_id = {r["id"]: r for r in records}
                 records = [by_id[i] for i in ids if i in by_id]
+            if protocol == "aps" and (why := summarise_aps(records).get("withheld")):
+                models[model].withheld[task] = why  # statements that fail 002 A.2's checks: no APS number from them
+                continue
             models[model].records[task][protocol] = records
     if not models:
         raise FileNotFoundError(f"no <model>/<task>/<protocol>.jsonl results under {', '.join(map(str, dirs))}")
@@ -237,7 +242,9 @@ def results_table(models: dict[str, ModelResults], n_boot: int = 1000) -> str:
     from dcsjax.eval.protocols.options import position_report
     from dcsjax.eval.run import chance_uniform
 
-    columns = [("aps", "APS acc"), ("qa-ppl", "QA-PPL acc"), ("mcqa", "MCQA-LL acc (sum)"),
+    from dcsjax.eval.protocols.aps import summarise_aps
+
+    columns = [("aps", "APS acc (statement validation)"), ("qa-ppl", "QA-PPL acc"), ("mcqa", "MCQA-LL acc (sum)"),
                ("apx", "APX acc (parse failures)"), ("dcs", "DCS seq (IDK spread)"), ("dcs-letters", "DCS letters")]
     header = ["task", "model", *(c for _, c in columns)]
     lines = []
@@ -266,6 +273,9 @@ def results_table(models: dict[str, ModelResults], n_boot: int = 1000) -> str:
                     from dcsjax.eval.protocols.dcs import summarise
 
                     cell += f" ({summarise(records)['idk_spread']:.2f})"
+                if protocol == "aps" and "statements_bleu_median" in (checked := summarise_aps(records)):
+                    cell += (f" (statements: BLEU {checked['statements_bleu_median']:.2f}, "
+                             f"gap {checked['statements_gap_median']:+.0f} words)")
                 cells.append(cell)
             lines.append(cells)
     return render(header, lines, "markdown")
@@ -566,7 +576,12 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
     models = load_results(dirs, sizes, skipped)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tasks = sorted({t for m in models.values() for t in m.records})
+    tasks = sorted({t for m in models.values() for t in m.records if any(m.records[t].values())})
+    if not tasks:
+        from dcsjax.errors import DcsjaxError
+
+        raise DcsjaxError(f"nothing to report under {', '.join(map(str, dirs))}: " + "; ".join(
+            f"APS of {m.name}/{t} withheld, {why}" for m in models.values() for t, why in m.withheld.items()))
     common = [t for t in tasks if all(t in m.records for m in models.values())]
     rows = metric_rows(models, n_boot)
     (out / "metrics.json").write_text(json.dumps(rows, indent=1))
@@ -609,6 +624,9 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
         *(["- ![Where gold options and answers sit](positions.png)"] if positions else []),
         *(["- ![Abstention and accuracy on answered items against the stated target](stated_risk.png)"]
           if stated_risk else []), "",
+        *([f"APS withheld, its statements failing validation: {line}" for line in sorted(
+            f"{m.name}/{t}: {why}" for m in models.values() for t, why in m.withheld.items())] + [""]
+          if any(m.withheld for m in models.values()) else []),
         "## Scaling fits", "",
         *(f"- {n}" for n in notes or ["no model sizes known: pass --sizes"]),
         *([f"- no size known for {', '.join(unsized)} (add it with --sizes)"] if unsized else []), "",

@@ -8,7 +8,10 @@ perplexity protocols rank:
 - `statements`: how APS gets *declarative* statements, if the task has a rule for them: "choices" (the
   options are statements), "cloze" (each option fills `cloze_blank`), "template" (`statement_template`,
   a declarative sentence that carries the question's content, with `choice_words` for options that are
-  labels, as a T/F task's). None: APS needs a statements file (`dcsjax statements generate`).
+  labels, as a T/F task's), "stem" (the question is a sentence that each option completes: MMLU's "The
+  longest bone in the body is" + " femur", or its one blank filled; a rule that reaches only such items, so APS
+  takes its statements through a file that `dcsjax statements generate` writes without a model, and every
+  protocol then scores those items). None: APS needs a statements file (`dcsjax statements generate --model`).
 - `qa_template`: the question followed by an option, for `qa-ppl` (not APS: 002 §2 sets it apart).
 """
 
@@ -26,7 +29,12 @@ from dcsjax.data.items import Item, ItemError
 from dcsjax.errors import DcsjaxError
 
 QA_TEMPLATE = "{question} {choice}"
-STATEMENT_RULES = ("choices", "cloze", "template")
+STATEMENT_RULES = ("choices", "cloze", "template", "stem")
+PARTIAL_RULES = ("stem",)  # rules that reach only some items: APS reads them from a file (the others are filtered)
+# A sentence stem ends on a lowercase word ("... is", "... known as", "... EXCEPT the"); a blank is a run of three
+# or more underscores. A question over several lines (lists, formulas, scenarios) or with "|" is no stem.
+STEM_END = re.compile(r"[a-z]$")
+BLANK = re.compile(r"_{3,}")
 
 
 @dataclass(frozen=True)
@@ -98,7 +106,7 @@ def read_card(path: Path) -> BenchmarkCard:
         raise DcsjaxError(f"{path}: malformed benchmark card: {err!r}") from err
     if card.mcqa_answer not in ("text", "letter"):
         raise DcsjaxError(f"{path}: mcqa_answer is 'text' or 'letter', not {card.mcqa_answer!r}")
-    needs = {"cloze": card.cloze_blank, "template": card.statement_template, "choices": True, None: True}
+    needs = {"cloze": card.cloze_blank, "template": card.statement_template, "choices": True, "stem": True, None: True}
     if card.statements not in needs or not needs[card.statements]:
         raise DcsjaxError(f"{path}: statements = {card.statements!r} needs " + (
             f"one of {STATEMENT_RULES}" if card.statements not in needs else
@@ -218,9 +226,38 @@ def cloze_statement(question: str, choice: str, blank: str) -> str:
     return head + choice.strip() + tail
 
 
+def stem_statements(question: str, choices: Sequence[str]) -> list[str] | None:
+    """Declarative statements made exactly from a question that is a sentence stem, or None where it is not one.
+    A stem is completed by each option ("Narcotics work because they are chemically very similar to" +
+    " endorphins"): the statement is the question-answer pair itself. A stem with one blank has it filled
+    ("Projective tests generally ___ than objective tests." -> "Projective tests generally Have higher reliability
+    than objective tests.": the option as the data writes it, a full stop of it dropped inside the sentence).
+    A question ("...?", with a blank or not), an instruction ("Find ... ."), a list or formula over several lines,
+    a scenario pair ("Scenario 1 | ...") or several blanks: None, a model must write those (002 A.1)."""
+    text = question.strip()
+    if "\n" in text or "|" in text or text.endswith("?") or not all(c.strip() for c in choices):
+        return None
+    blanks = BLANK.findall(text)
+    if len(blanks) == 1:
+        head, tail = BLANK.split(text)
+        return [head + (c.strip() if not tail.strip() else c.strip().rstrip(".")) + tail for c in choices]
+    if blanks or not STEM_END.search(text):
+        return None
+    return [f"{text} {c.strip()}" for c in choices]
+
+
+def rule_statements(card: BenchmarkCard) -> Callable[[Item], list[str] | None] | None:
+    """The card's rule for declarative statements, item by item (None for an item a partial rule does not
+    reach), or None where the card has no rule."""
+    if card.statements == "stem":
+        return lambda item: stem_statements(item.question, item.choices)
+    return declarative_statements(card)
+
+
 def declarative_statements(card: BenchmarkCard) -> Callable[[Item], list[str]] | None:
-    """The card's rule for APS's declarative statements, or None where it has none (a `jsonl:` file's
-    items may carry their own: then those)."""
+    """The card's rule for APS's declarative statements, or None where it has none or one that reaches only
+    some items (`PARTIAL_RULES`: APS reads those from a file) (a `jsonl:` file's items may carry their own:
+    then those)."""
     if card.statements == "cloze":
         return lambda item: [cloze_statement(item.question, c, card.cloze_blank) for c in item.choices]
     if card.statements == "choices":

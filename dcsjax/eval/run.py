@@ -311,11 +311,17 @@ def sample_items(items, n: int, seed: int) -> list:
 
 def _load_items(config: EvalConfig, card) -> dict:
     """A task's items, those the run scores (--limit, statements) and every load error, before any model."""
+    from dcsjax.data.jsonl import read_statements
     from dcsjax.data.tasks import fewshot_items, load_task
 
     all_items, load_errors = load_task(card)
     items = all_items[:config.limit] if config.limit is not None else all_items
-    if config.sample is not None:
+    if config.sample is not None and config.statements is not None:
+        # a sample of the items the statements file holds (a quarter of MMLU's, say, by the stem rule): the ones
+        # it lacks were filtered at generation, and its rejected file counts them (002 Fig. 3)
+        held = {row["id"] for row in read_statements(config.statements)}
+        items = sample_items([i for i in all_items if i.id in held], config.sample, config.seed)
+    elif config.sample is not None:
         items = sample_items(all_items, config.sample, config.seed)
     if config.statements is not None:
         items, load_errors = _with_statements(items, load_errors, config.statements)
@@ -431,10 +437,13 @@ def summary_row(model: str, task: str, protocol: str, records: list[dict], error
     stderr = float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else None
     uniform = chance_uniform(protocol, records)
     note = loadings_note(lc, lw) if protocol in registry.named("dcs_loadings") else None
+    value, warnings = next(iter(metrics.values())), idk_warnings(metrics, low, high)
+    if metrics.get("withheld"):  # the protocol's own reason not to publish its number (APS: unvalidated statements)
+        value, low, high, stderr, warnings = None, None, None, None, [*warnings, f"no number: {metrics['withheld']}"]
     return {"model": model, "task": task, "protocol": protocol, "n": len(records), "errors": errors,
-            "metric": next(iter(metrics)), "value": next(iter(metrics.values())), "ci95": [low, high], "stderr": stderr,
+            "metric": next(iter(metrics)), "value": value, "ci95": [low, high], "stderr": stderr,
             "chance": {"uniform": uniform},
-            "metrics": metrics, "positions": position_report(records), "warnings": idk_warnings(metrics, low, high),
+            "metrics": metrics, "positions": position_report(records), "warnings": warnings,
             "lc": lc, "lw": lw, "loadings_note": note, "fingerprint": fingerprint, "settings": settings, "seconds": round(seconds, 2)}
 
 

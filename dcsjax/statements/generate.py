@@ -110,9 +110,10 @@ def generate_statements(scorer, items: Sequence[Item], task: str, out: Path, *, 
 
 
 def filter_counts(out: Path) -> Counter:
-    """{"kept": n, "too many": n, "too few": n, "empty": n} over a statements file and its rejected file
-    ("empty" outputs are also counted as "too few")."""
-    counts: Counter = Counter({"kept": 0, "too many": 0, "too few": 0, "empty": 0})
+    """{"kept": n, "too many": n, "too few": n, "empty": n, "not reached": n} over a statements file and its
+    rejected file ("empty" outputs are also counted as "too few"; "not reached": items a partial rule does not
+    make statements for)."""
+    counts: Counter = Counter({"kept": 0, "too many": 0, "too few": 0, "empty": 0, "not reached": 0})
     if out.is_file():
         counts["kept"] = sum(1 for line in out.read_text().splitlines() if line.strip())
     rejected = rejected_path(out)
@@ -120,6 +121,9 @@ def filter_counts(out: Path) -> Counter:
         for line in rejected.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
+                if "rule" in row:
+                    counts["not reached"] += 1
+                    continue
                 got = 0 if row["reason"] == "empty output" else int(row["reason"].split()[0])
                 counts["too many" if got > row["n_options"] else "too few"] += 1
                 counts["empty"] += got == 0
@@ -127,20 +131,27 @@ def filter_counts(out: Path) -> Counter:
 
 
 def template_statements(items: Sequence[Item], task: str, card, out: Path) -> Counter:
-    """The rule-based path, no model: the card's declarative rule (cloze blank, statement template or
-    statement options). A card without one needs a model to write the statements."""
-    from dcsjax.data.tasks import declarative_statements
+    """The rule-based path, no model: the card's declarative rule (cloze blank, statement template, statement
+    options, or a sentence stem completed by each option). An item a partial rule does not reach (a question
+    that is no stem) goes to the rejected file with the reason. A card without a rule needs a model."""
+    from dcsjax.data.tasks import rule_statements
     from dcsjax.errors import ConfigError
 
-    make = declarative_statements(card)
+    make = rule_statements(card)
     if make is None or card.statements is None:
         raise ConfigError(f"task {card.name} has no declarative rule for statements (its card names no cloze blank, "
-                          "statement template or statement options): generate them with --model")
+                          "statement template, statement options or stem rule): generate them with --model")
     generator = {"rule": card.statements, "template": card.cloze_blank if card.statements == "cloze"
                  else card.statement_template}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w") as f:
+    with out.open("w") as kept, rejected_path(out).open("w") as rejected:
         for item in items:
-            f.write(json.dumps(statement_record(item, task, make(item), generator)) + "\n")
+            statements = make(item)
+            if statements is None:
+                rejected.write(json.dumps({"id": item.id, "task": task, "rule": card.statements, "n_options":
+                                           len(item.choices), "reason": f"rule {card.statements!r} does not reach "
+                                           "it: the question is no sentence that each option completes"}) + "\n")
+            else:
+                kept.write(json.dumps(statement_record(item, task, statements, generator)) + "\n")
     return filter_counts(out)

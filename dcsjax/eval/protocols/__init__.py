@@ -70,6 +70,18 @@ def _aps_statements(ctx: Context):
     return ctx.statements or declarative_statements(ctx.card)
 
 
+def _aps_unavailable(card) -> str:
+    from dcsjax.data.tasks import PARTIAL_RULES
+
+    if card.statements in PARTIAL_RULES:
+        return (f"the card's statement rule ({card.statements!r}) reaches only the items whose question is a sentence "
+                f"that each option completes: write them with `dcsjax statements generate --task {card.name} --out "
+                "FILE` (no model needed) and give --statements FILE, which scores every protocol on those items")
+    return ("no declarative statements (the card has no cloze blank, statement template or statement options): give "
+            "--statements FILE from `dcsjax statements generate`, or use qa-ppl (question + option perplexity, which "
+            "is not APS)")
+
+
 def _aps_source(ctx: Context) -> str:
     from dcsjax.data.tasks import local_file
 
@@ -102,13 +114,11 @@ def _build() -> dict[str, Protocol]:
         Protocol("aps", PROTOCOL_HELP["aps"],
                  run=lambda ctx, items: aps.run_aps(ctx.scorer, items, _aps_statements(ctx)),
                  prompt=lambda ctx, item: list(_aps_statements(ctx)(item)),
-                 summarise=aps.summarise, headline=lambda r: float(r["correct"]), answer=choice,
+                 summarise=aps.summarise_aps, details=aps.validation_table, headline=lambda r: float(r["correct"]),
+                 answer=choice,
                  settings=lambda ctx: {"statements": _aps_source(ctx),
                                        "template": ctx.card.statement_template if ctx.card.statements == "template" else None},
-                 unavailable=lambda ctx: None if _aps_statements(ctx) else (
-                     "no declarative statements (the card has no cloze blank, statement template or statement "
-                     "options): give --statements FILE from `dcsjax statements generate`, or use qa-ppl (question "
-                     "+ option perplexity, which is not APS)")),
+                 unavailable=lambda ctx: None if _aps_statements(ctx) else _aps_unavailable(ctx.card)),
         Protocol("qa-ppl", PROTOCOL_HELP["qa-ppl"],
                  run=lambda ctx, items: aps.run_qa_ppl(ctx.scorer, items, ctx.card.qa_template),
                  prompt=lambda ctx, item: aps.qa_texts(item, ctx.card.qa_template),
