@@ -508,7 +508,7 @@ def test_aps_carries_its_statements_validation_and_publishes_nothing_from_strayi
     the row their medians; statements far from their pairs leave the row without a number, the reason in its
     warnings and tables, and the report without their records. `--sample` draws from the items a file holds."""
     from dcsjax.eval.run import format_table
-    from dcsjax.statements.validate import bleu
+    from dcsjax.metrics.statements import bleu
 
     task = write_jsonl(tmp_path / "items.jsonl", ITEMS)
     close = [{"id": i["id"], "question": i["question"], "choices": i["choices"],

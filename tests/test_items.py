@@ -64,7 +64,7 @@ def test_card_statements_keep_002s_length_gap_to_the_question_answer_pair(bigben
     """002 A.2: a statement is about as long as its question-answer pair (median gap about -1 token there). Every
     rule a BIG-bench card has (the options as statements, a cloze blank filled), in words: the median of the
     per-item median gaps within [-2, 1] (a bare-option statement of logical_deduction sat about 60 words short)."""
-    from dcsjax.statements.validate import statement_metrics
+    from dcsjax.metrics.statements import statement_metrics
 
     for task in ("logical_deduction_three_objects", "timedial"):
         card = resolve_task(task)

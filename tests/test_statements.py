@@ -13,7 +13,8 @@ import pytest
 from conftest import scorer_for
 from dcsjax.engine.generate import generate, greedy_generate, sample_token
 from dcsjax.statements.generate import filter_counts, generate_statements, parse_statements, template_statements
-from dcsjax.statements.validate import bleu, statement_metrics, summarise
+from dcsjax.metrics.statements import bleu, statement_metrics
+from dcsjax.statements.validate import summarise
 
 SMOL = "smollm2-135m-instruct"
 TASK = "mmlu:world_religions"  # statements generated for MMLU questions, then APS over them

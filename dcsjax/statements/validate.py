@@ -13,44 +13,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from dcsjax.data.jsonl import read_statements
 from dcsjax.errors import InputError
+from dcsjax.metrics.statements import bleu, qa_pair, statement_metrics, word_count  # noqa: F401 (this command's names)
 
 JUDGE_PROMPT = ("Question: {question}\nAnswer: {answer}\nStatement: {statement}\n\nDoes the statement preserve the "
                 "meaning of the question-answer pair without omissions or distortions? Answer Yes or No.")
-
-
-def qa_pair(question: str, choice: str) -> str:
-    return f"{question.strip()} {choice.strip()}"
-
-
-def bleu(statement: str, reference: str) -> float:
-    """Sentence BLEU in [0, 1] (sacrebleu's defaults: 13a tokenisation, exponential smoothing)."""
-    from sacrebleu.metrics import BLEU
-
-    return BLEU(effective_order=True).sentence_score(statement, [reference]).score / 100.0
-
-
-def word_count(text: str) -> int:
-    return len(text.split())
-
-
-def statement_metrics(rows: Sequence[dict], count: Callable[[str], int] = word_count) -> list[dict]:
-    """One dict per item: BLEU and length gap per statement, the median gap and the length spread."""
-    out = []
-    for row in rows:
-        pairs = [qa_pair(row["question"], c) for c in row["choices"]]
-        lengths = [count(s) for s in row["statements"]]
-        gaps = [n - count(p) for n, p in zip(lengths, pairs)]
-        out.append({"id": row["id"], "task": row.get("task"),
-                    "bleu": [bleu(s, p) for s, p in zip(row["statements"], pairs)],
-                    "length_gap": gaps, "median_gap": float(np.median(gaps)),
-                    "length_spread": max(lengths) - min(lengths)})
-    return out
 
 
 def judge_meaning(scorer, rows: Sequence[dict]) -> list[list[float]]:

@@ -50,7 +50,7 @@ VALID_BLEU_MEDIAN, VALID_GAP_WORDS = 0.5, 3.0
 
 
 def run_aps(scorer, items: Sequence[Item], statements: Callable[[Item], Sequence[str]]) -> list[dict]:
-    from dcsjax.statements.validate import statement_metrics
+    from dcsjax.metrics.statements import statement_metrics
 
     records = rank_by_perplexity(scorer, items, statements, "statements")
     rows = [{"id": r["id"], "question": item.question, "choices": item.choices, "statements": r["statements"]}
@@ -94,7 +94,8 @@ def validation_table(rows: list[dict], fmt: str = "text") -> str:
     return "\n".join([f"APS statements against their question-answer pairs (002 A.2: BLEU 0.69 / 0.75, median gap "
                       f"about -1 token; published here where the BLEU median >= {VALID_BLEU_MEDIAN} and the gap within "
                       f"±{VALID_GAP_WORDS:g} words):", "",
-                      render(["model", "task", "items", "BLEU mean / median", "median gap (words)", "APS"], lines, fmt)])
+                      render(["model", "task", "items", "BLEU mean / median", "median gap (words)", "APS"], lines, fmt,
+                             numeric=(2, 3, 4))])
 
 
 def qa_texts(item: Item, template: str) -> list[str]:
