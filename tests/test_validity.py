@@ -142,12 +142,22 @@ def test_aps_without_declarative_statements_is_refused_before_the_model_loads(tm
         assert protocols.get("aps").unavailable(context(None, task)), task
 
 
+def test_aps_skipped_on_many_mmlu_subjects_is_one_line_naming_them():
+    from dcsjax.eval.run import format_table
+
+    tasks = ("mmlu:anatomy", "mmlu:marketing", "mmlu:global_facts")
+    reasons = [protocols.get("aps").unavailable(context(None, task)) for task in tasks]
+    skipped = [{"protocol": "aps", "task": task, "reason": reason} for task, reason in zip(tasks, reasons)]
+    lines = [line for line in format_table({"rows": [], "skipped": skipped}).splitlines() if line.startswith("skipped")]
+    assert lines == [f"skipped aps on {', '.join(tasks)}: {reasons[0]}"]
+
+
 def test_aps_is_skipped_and_named_where_asked(tmp_path):  # MMLU: a rule for its sentence stems only
     summary = run_eval("smollm2-135m-instruct", ["mmlu:anatomy"], ["aps", "qa-ppl"], tmp_path, limit=4,
                        scorer=scorer_for("smollm2-135m-instruct"), progress=False, skip_unavailable=True)
     assert [r["protocol"] for r in summary["rows"]] == ["qa-ppl"]
     assert summary["skipped"][0]["protocol"] == "aps"
-    assert "dcsjax statements generate --task mmlu:anatomy" in summary["skipped"][0]["reason"]
+    assert "dcsjax statements generate --task TASK" in summary["skipped"][0]["reason"]
 
 
 @pytest.mark.slow

@@ -74,9 +74,10 @@ def _aps_unavailable(card) -> str:
     from dcsjax.data.tasks import PARTIAL_RULES
 
     if card.statements in PARTIAL_RULES:
-        return (f"the card's statement rule ({card.statements!r}) reaches only the items whose question is a sentence "
-                f"that each option completes: write them with `dcsjax statements generate --task {card.name} --out "
-                "FILE` (no model needed) and give --statements FILE, which scores every protocol on those items")
+        # one wording for every task of the card, so a run over many subjects says it in one line naming them
+        return (f"the card's statement rule ({card.statements!r}) reaches only the questions that each option "
+                "completes as a sentence: write them with `dcsjax statements generate --task TASK --out FILE` (no "
+                "model needed), then --statements FILE scores every protocol on those items")
     return ("no declarative statements (the card has no cloze blank, statement template or statement options): give "
             "--statements FILE from `dcsjax statements generate`, or use qa-ppl (question + option perplexity, which "
             "is not APS)")
