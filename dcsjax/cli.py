@@ -646,8 +646,9 @@ def main(argv: list[str] | None = None) -> int:
                             "stopping" + (" (always on for demo)" if name == "demo" else ""))
         p.add_argument("--limit", type=_positive_int, default=None, help="the first N items of each task")
         p.add_argument("--sample", type=_positive_int, default=DEMO_SAMPLE if demo else None,
-                       help="N items of each task drawn at random by --seed (instead of the first N: --limit; with "
-                            "--statements, N of the items the file holds)"
+                       help="N items of each task drawn at random by --seed, stratified by subject where a task has "
+                            "several (instead of the first N: --limit; with --statements, N of the items the file "
+                            "holds)"
                             + (f" (default {DEMO_SAMPLE}; --limit replaces it)" if demo else ""))
         p.add_argument("--threshold", type=_threshold, default=None, help="DCS loadings lc = 1, lw = t / (1 - t)")
         p.add_argument("--output", "--out", "--output_path", default="results",

