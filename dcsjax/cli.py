@@ -318,13 +318,15 @@ def cmd_train_abstain(args) -> int:
     results = run_experiment(args.model, args.out, tasks=args.tasks.split(","), per_task=args.per_task or None,
                              arms=args.arms.split(","), thresholds=[float(t) for t in args.thresholds.split(",")],
                              seeds=ints(args.seeds), adapters=args.adapters.split(","), top_layers=args.top_layers,
-                             lora_layers=args.lora_layers, lora_seeds=ints(args.lora_seeds), lora_steps=args.lora_steps,
+                             unseen_share=args.unseen_share, lora_layers=args.lora_layers,
+                             lora_seeds=ints(args.lora_seeds), lora_steps=args.lora_steps,
                              lora_thresholds=[float(t) for t in args.lora_thresholds.split(",")] if args.lora_thresholds
                              else None,
                              base=TrainConfig(**overrides), export_threshold=args.export_threshold,
                              n_boot=args.n_boot, mesh=args.mesh, progress=not args.quiet)
     print(summary_table(results))
-    print(f"{args.out}: results.json, summary.md, thresholds.png, training.png" + (", model/" if "exported" in results else "")
+    figures = ", ".join(f"thresholds-{split}.png" for split in results["tests"])
+    print(f"{args.out}: results.json, summary.md, {figures}, training.png" + (", model/" if "exported" in results else "")
           + f" ({results['seconds']:.0f} s)")
     return 0
 
@@ -407,7 +409,7 @@ def _statements_parser(sub) -> None:
 
 
 def _train_parser(sub) -> None:
-    from dcsjax.training.data import DEFAULT_PER_TASK, DEFAULT_TASKS
+    from dcsjax.training.data import DEFAULT_PER_TASK, DEFAULT_TASKS, UNSEEN_SHARE
     from dcsjax.training.config import TrainConfig
 
     d = TrainConfig()
@@ -419,6 +421,9 @@ def _train_parser(sub) -> None:
                    help=f"abstention data, comma-separated (default {','.join(DEFAULT_TASKS)})")
     p.add_argument("--per-task", type=int, default=DEFAULT_PER_TASK, help="at most N questions of each task, of each "
                    f"subject where it has subjects (MMLU) (default {DEFAULT_PER_TASK}; 0: all)")
+    p.add_argument("--unseen-share", type=float, default=UNSEEN_SHARE, metavar="S",
+                   help="share of the subjects held out whole, never trained on (default 29/57, R-Tuning's MMLU "
+                        "split; 0: none, and the test split alone is scored)")
     p.add_argument("--arms", default="ce,dcs+ce,refusal",
                    help="trained arms (ce, dcs, dcs+ce, refusal: R-Tuning's baseline); the starting model is always scored")
     p.add_argument("--thresholds", default="0.25,0.5,0.75", help="target thresholds t (lc = 1, lw = t/(1-t))")

@@ -14,7 +14,7 @@ import dcsjax
 from conftest import F32_NATS, scorer_for
 from dcsjax.data.items import Item
 from dcsjax.eval.protocols.dcs import run_dcs_letters
-from dcsjax.training.data import SPLITS, abstention_splits, abstention_versions, question_key, split_of
+from dcsjax.training.data import SPLITS, abstention_splits, abstention_versions, question_key, split_of, unseen_subjects
 from dcsjax.training.features import letter_features
 from dcsjax.training.train import (
     TrainConfig, arm_loss, batch_indices, distributions, letter_logits, predict_logits, top_params, train,
@@ -40,23 +40,36 @@ def test_versions_keep_the_option_count_and_move_the_answer_to_idk():
     assert kept.choices == native.choices and not kept.answerable
 
 
-def test_mmlu_splits_are_disjoint_by_subject_and_fixed():
-    """The default data: MMLU split by subject (the test split's subjects never trained on), the same split on
-    every run; its two header rows reported, never dropped unsaid."""
+def test_mmlu_splits_hold_unseen_subjects_out_whole_and_are_fixed():
+    """The default data, split as R-Tuning splits MMLU: 29 subjects never trained on (the `unseen` split, whole),
+    the other 28 subjects' questions in train, dev and the in-domain test; no unseen subject's item in
+    training or dev, an item's two versions always in one split, the same split on every run; its two header
+    rows reported, never dropped unsaid."""
     errors = []
     splits = abstention_splits(("mmlu",), per_task=3, errors=errors)
     subjects = {name: {i.source["subject"] for i in items} for name, items in splits.items()}
-    assert not subjects["train"] & subjects["dev"] and not subjects["train"] & subjects["test"]
-    assert not subjects["dev"] & subjects["test"] and len(set().union(*subjects.values())) == 57
-    assert all(len(v) >= 5 for v in subjects.values())  # every split holds several subjects
+    everyone = set().union(*subjects.values())
+    assert len(everyone) == 57 and len(subjects["unseen"]) == 29 and subjects["unseen"] == unseen_subjects(everyone)
+    seen = everyone - subjects["unseen"]
+    assert subjects["train"] | subjects["dev"] | subjects["test"] == seen  # disjoint from the unseen ones
+    where = {}
+    for name, items in splits.items():
+        for item in items:
+            question = item.id.rsplit("/", 1)[0]  # both versions: <question id>/answerable, /unanswerable
+            assert where.setdefault(question, name) == name, item.id
+    assert len(where) == 57 * 3
     assert [e.where.rsplit("/", 1)[-1] for e in errors] == ["mmlu.jsonl:11777", "mmlu.jsonl:12794"]
     assert sum(len(v) for v in splits.values()) == 57 * 3 * 2  # three questions a subject, two versions each
     again = abstention_splits(("mmlu",), per_task=3, errors=[])
-    assert [i.id for i in again["test"]] == [i.id for i in splits["test"]]
+    assert all([i.id for i in again[s]] == [i.id for i in splits[s]] for s in SPLITS)
     assert {i.source["version"] for i in splits["train"]} == {"answerable", "unanswerable"}
     assert all(i.choices[i.idk] == "I don't know." and len(i.choices) == 4 for v in splits.values() for i in v)
     with pytest.raises(Exception, match="mmlu.jsonl:11777: correct_answer 'answer'"):
         abstention_splits(("mmlu:elementary_mathematics",), per_task=3)  # no list to take them: it stops
+    # no subject held out: every subject's questions in train, dev and test
+    whole = abstention_splits(("mmlu",), per_task=3, unseen_share=0.0, errors=[])
+    assert not whole["unseen"] and {i.source["subject"] for s in ("train", "dev", "test") for i in whole[s]} == everyone
+    assert unseen_subjects(["anatomy"]) == set() and len(unseen_subjects(["a", "b", "c", "d"])) == 2  # never all
     # a task without subjects splits by question, the same question written two ways in one split
     assert split_of(question_key("t", " Q  one"), (0.6, 0.2, 0.2)) == split_of(question_key("t", "q one"), (0.6, 0.2, 0.2))
 
@@ -122,22 +135,24 @@ def test_collapse_alarm_names_what_collapsed():
 
 
 # ------------------------------------------------------------------------------------------------ model
-# Five questions of each of four MMLU subjects with short questions, two versions each: two subjects fall in the
-# training split, one in dev and one in test (`split_of` on the subject: the same on every run)
+# Eight questions of each of four MMLU subjects with short questions, two versions each: two subjects held out
+# whole (`unseen_subjects`: high-school geography, miscellaneous), the other two's questions in train, dev and the
+# in-domain test (`split_of` on each question: the same on every run)
 SMALL_TASKS = ("mmlu:miscellaneous", "mmlu:high_school_geography", "mmlu:world_religions", "mmlu:management")
+SMALL_PER_TASK = 8
 
 
 @pytest.fixture(scope="module")
 def small_splits():
-    splits = abstention_splits(SMALL_TASKS, per_task=5)
-    assert [len(splits[s]) for s in SPLITS] == [20, 10, 10]
+    splits = abstention_splits(SMALL_TASKS, per_task=SMALL_PER_TASK)
+    assert [len(splits[s]) for s in SPLITS] == [14, 4, 14, 32]
     return splits
 
 
 @pytest.fixture(scope="module")
 def small_features(small_splits):
     scorer = scorer_for(SMOL)
-    return {name: letter_features(scorer, items, 2) for name, items in small_splits.items()}
+    return {name: letter_features(scorer, small_splits[name], 2) for name in ("train", "dev")}
 
 
 @pytest.mark.slow
@@ -147,7 +162,7 @@ def test_cached_layers_give_the_letters_elicitation_of_eval(model_name, top, sma
     pass over the vocabulary, for both models (Gemma: sliding-window layers, base-model prompt), with one
     top layer and with several (each model at one depth: the depth is a number the same code reads)."""
     scorer = scorer_for(model_name)
-    items = small_splits["dev"][:6]
+    items = small_splits["test"][:6]
     features = letter_features(scorer, items, top)
     params = top_params(scorer.model, top)
     probs = np.asarray(distributions(predict_logits(scorer.config, params, scorer.model.output_embedding, features),
@@ -164,7 +179,7 @@ def test_refusal_targets_follow_the_starting_models_own_answers(small_splits):
     from dcsjax.training.policies import refusal_targets
 
     scorer = scorer_for(SMOL)
-    items = small_splits["train"][:12]
+    items = small_splits["train"] + small_splits["test"]  # 28 versions, 14 answerable: some answered right
     features = letter_features(scorer, items, 2)
     start = distributions(predict_logits(scorer.config, top_params(scorer.model, 2), scorer.model.output_embedding,
                                          features), features)
@@ -239,7 +254,7 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
     out = tmp_path / "abstain"
     cfg = TrainConfig(steps=12, batch_size=8, eval_every=6, ce_warmup=4, learning_rate=3e-4, patience=10)
     compiled_before = _train_step._cache_size()
-    grid = dict(tasks=SMALL_TASKS, per_task=5, thresholds=(0.5, 0.75), seeds=(0,),
+    grid = dict(tasks=SMALL_TASKS, per_task=SMALL_PER_TASK, thresholds=(0.5, 0.75), seeds=(0,),
                 adapters=("top", "lora"), lora_layers=2, lora_steps=8, lora_thresholds=(0.5,), base=cfg, n_boot=50,
                 progress=False)
     import dcsjax.training.experiment as experiment
@@ -266,7 +281,7 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
         assert np.array_equal(labels[adapter, "ce-seed0"], top_train.correct)
     assert not np.array_equal(refusal_targets(start_train), top_train.correct)  # it got some wrong
     for t in ("0.5", "0.75"):
-        entry = results["by_threshold"][t]
+        entry = results["by_split"]["unseen"][t]
         lora = {"dcs+ce (lora)", "dcs+ce+tau (lora)"} if t == "0.5" else set()
         assert set(entry["policies"]) == {"uniform", "start", "start+tau", "ce+tau", "refusal", "dcs+ce", "dcs+ce+tau",
                                           "ce+tau (lora)", "refusal (lora)", *lora}
@@ -276,7 +291,8 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
         # a thresholded policy's distributional DCS is that of the model it thresholds
         assert entry["policies"]["start+tau"]["metrics"]["dcs"] == entry["policies"]["start"]["metrics"]["dcs"]
         assert entry["policies"]["dcs+ce+tau"]["metrics"]["dcs"] == entry["policies"]["dcs+ce"]["metrics"]["dcs"]
-    for name in ("summary.md", "thresholds.png", "training.png"):
+    assert results["tests"] == ["unseen", "test"] and set(results["by_split"]["test"]) == {"0.5", "0.75"}
+    for name in ("summary.md", "thresholds-unseen.png", "thresholds-test.png", "training.png"):
         assert (out / name).stat().st_size > 0
     # five runs, one compiled update per adapter and prompt length (each batch is cut to its longest prompt,
     # rounded up: MMLU's prompts here take one or two lengths): arms, thresholds and seeds are traced or read
@@ -298,7 +314,7 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
     monkeypatch.setattr(experiment, "predict_logits", lambda *a, **k: scored.append(1) or predict_logits(*a, **k))
     monkeypatch.setattr(training, "predict_logits", lambda *a, **k: pytest.fail("a finished run computed logits"))
     again = run_experiment(SMOL, out, export_threshold=None, **grid)  # the model is exported already
-    assert not scored and again["by_threshold"] == results["by_threshold"]
+    assert not scored and again["by_split"] == results["by_split"]
     monkeypatch.undo()
 
     # the loss on the training items falls from the starting model to the trained one: the exported run's last
@@ -344,7 +360,7 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
     assert len(ids) == len(probs) == len(records)
     for row, item_id in zip(probs, ids):
         np.testing.assert_allclose(row[:len(by_id[item_id]["probs"])], by_id[item_id]["probs"], atol=2e-5)
-    want = results["by_threshold"]["0.5"]["policies"]["dcs+ce (lora)"]["metrics"]["dcs"][0]
+    want = results["by_split"]["test"]["0.5"]["policies"]["dcs+ce (lora)"]["metrics"]["dcs"][0]
     assert want == pytest.approx(np.mean([r["dcs"] for r in records]), abs=1e-4)
 
 

@@ -16,11 +16,14 @@ Options are shuffled per version (IDK among them), seeded by the run seed and th
 BIG-bench's own order every answerable emoji_movie item has its answer at A, and a model trained on that
 order could learn a letter instead of abstention. `option_order="source"` keeps the source order.
 
-Splits are disjoint by question: both versions of a question go to the same split, chosen by a hash of
-the task and the normalised question text (so the same question repeated under two ids cannot straddle
+Splits, as R-Tuning splits MMLU (Zhang et al., NAACL 2024: 28 subjects for training and in-domain testing,
+29 never trained on): where items have a subject, `UNSEEN_SHARE` of the subjects (29 of MMLU's 57, chosen
+by a hash of each subject's name, so the same for every run, seed and machine) go whole to the `unseen`
+split, and the questions of the other subjects are split into `train`, `dev` and `test` (in-domain: the
+training subjects' held-out questions). Both versions of a question go to the same split, chosen by a hash
+of the task and the normalised question text (so the same question repeated under two ids cannot straddle
 splits); items generated from one template (BBQ) go together, by template, whatever their names and
-context; items of a subject (MMLU, the default data) go together by subject, so the test split's subjects
-are ones the model was never trained on. The test split is only ever scored at the end.
+context. The two test splits are only ever scored at the end.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ from dcsjax.eval.protocols.options import permute, shuffled
 DEFAULT_TASKS = ("mmlu",)
 DEFAULT_PER_TASK = 30  # questions of each MMLU subject: 1,710 questions, 3,420 versions (about an hour's study)
 CONSTRUCTIONS = ("answerable", "option removed", "wording")  # how a version was made (its unanswerability)
-SPLITS = ("train", "dev", "test")
+SPLITS = ("train", "dev", "test", "unseen")
+TEST_SPLITS = ("unseen", "test")  # scored at the end: subjects never trained on, then the training subjects' held out
+UNSEEN_SHARE = 29 / 57  # of the subjects: R-Tuning's 29 of MMLU's 57 never trained on
 
 
 def question_key(task: str, question: str) -> str:
@@ -50,21 +55,31 @@ def question_key(task: str, question: str) -> str:
 
 
 def group_key(item: Item, task: str) -> str:
-    """What must not straddle splits: the subject of an item that has one (MMLU: the test split's subjects
-    unseen in training), the template an item was generated from (BBQ: ambiguous and disambiguated versions,
-    every name swap), else the question itself."""
-    if item.source.get("subject"):
-        return f"subject\n{item.source['subject']}"
+    """What must not straddle the train, dev and test splits: the template an item was generated from (BBQ:
+    ambiguous and disambiguated versions, every name swap), else the question itself."""
     template = item.source.get("template")
     return f"template\n{template}" if template else question_key(task, item.question)
 
 
+def _hash_unit(key: str) -> float:
+    """A number in [0, 1) fixed by `key`: for every run, seed and machine."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:12], 16) / 16 ** 12
+
+
 def split_of(key: str, fractions: tuple[float, float, float]) -> str:
-    """A question's split, from a hash of its key: fixed for every run, seed and machine."""
-    u = int(hashlib.sha256(key.encode()).hexdigest()[:12], 16) / 16 ** 12
+    """A question's split among train, dev and test, from a hash of its key."""
+    u = _hash_unit(key)
     if u < fractions[0]:
         return "train"
     return "dev" if u < fractions[0] + fractions[1] else "test"
+
+
+def unseen_subjects(subjects: Sequence[str], share: float = UNSEEN_SHARE) -> set[str]:
+    """share x n of the n subjects, rounded down (some are always left to train on), those first by a hash of
+    their names: never trained on. MMLU's 57 subjects at the default share: 29 (R-Tuning's split in size; which
+    ones is this hash's choice); one subject alone: none."""
+    ranked = sorted(set(subjects), key=lambda s: (_hash_unit(f"subject\n{s}"), s))
+    return set(ranked[:int(share * len(ranked) + 1e-9)])
 
 
 def abstention_versions(item: Item, task: str, rng: random.Random) -> list[Item]:
@@ -93,17 +108,20 @@ def abstention_versions(item: Item, task: str, rng: random.Random) -> list[Item]
 
 
 def abstention_splits(tasks: Sequence[str] = DEFAULT_TASKS, *, per_task: int | None = None,
-                      fractions: tuple[float, float, float] = (0.6, 0.2, 0.2),
+                      fractions: tuple[float, float, float] = (0.6, 0.2, 0.2), unseen_share: float = UNSEEN_SHARE,
                       seed: int = 0, option_order: str = "shuffle", errors: list | None = None
                       ) -> dict[str, list[Item]]:
-    """{"train", "dev", "test"} -> items. per_task: at most this many questions of each task, or of each of its
-    subjects where its items have one (the first ones). `seed` picks which wrong option the answerable
-    version drops and the option shuffle. errors: a list that takes the rows no task could read (MMLU's two
-    header rows), each an `ItemError`; without one, such a row stops with an error naming it."""
+    """{"train", "dev", "test", "unseen"} -> items. per_task: at most this many questions of each task, or of
+    each of its subjects where its items have one (the first ones). unseen_share: the share of all the tasks'
+    subjects held out whole (`unseen_subjects`); fractions: how the other questions divide among train, dev
+    and test. `seed` picks which wrong option the answerable version drops and the option shuffle. errors: a
+    list that takes the rows no task could read (MMLU's two header rows), each an `ItemError`; without one,
+    such a row stops with an error naming it."""
     if option_order not in ("shuffle", "source"):
         raise DcsjaxError(f"option_order must be 'shuffle' or 'source' for training data, not {option_order!r}")
-    rng = random.Random(seed)
-    splits: dict[str, list[Item]] = {name: [] for name in SPLITS}
+    if not 0.0 <= unseen_share < 1.0:
+        raise DcsjaxError(f"unseen_share must lie in [0, 1), not {unseen_share}")
+    loaded = []
     for task in tasks:
         card = resolve_task(task)
         items, bad = load_task(card)
@@ -111,16 +129,24 @@ def abstention_splits(tasks: Sequence[str] = DEFAULT_TASKS, *, per_task: int | N
             raise DcsjaxError(f"task {task}: {len(bad)} malformed item(s), first: {bad[0].where}: {bad[0].reason}")
         if errors is not None:
             errors += bad
+        loaded.append((card.name, items))
+    # subjects held out are chosen among all the tasks' subjects at once (`mmlu:a,mmlu:b` are two tasks of one)
+    unseen = unseen_subjects([i.source["subject"] for _, items in loaded for i in items if i.source.get("subject")],
+                             unseen_share)
+    rng = random.Random(seed)
+    splits: dict[str, list[Item]] = {name: [] for name in SPLITS}
+    for task, items in loaded:
         taken: dict = {}
         for item in items:
             subject = item.source.get("subject")
             taken[subject] = taken.get(subject, 0) + 1
             if per_task is not None and taken[subject] > per_task:
                 continue
-            for version in abstention_versions(item, card.name, rng):
+            for version in abstention_versions(item, task, rng):
                 if option_order == "shuffle":
                     version = permute(version, shuffled(version.id, len(version.choices), seed))
-                splits[split_of(version.source["group"], fractions)].append(version)
+                where = "unseen" if subject in unseen else split_of(version.source["group"], fractions)
+                splits[where].append(version)
     return splits
 
 

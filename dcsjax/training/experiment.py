@@ -2,8 +2,9 @@
 
 The question: does training with DCS at a target threshold t beat thresholding a model afterwards?
 1. Answerable and unanswerable versions of real benchmark items (MMLU subjects by default; the correct option
-   removed, or unanswerable by wording), options shuffled, split (`data.py`); the splits are
-   written as `jsonl:` benchmark files, so `dcsjax eval` can score any of them.
+   removed, or unanswerable by wording), options shuffled, split (`data.py`: 29 of MMLU's 57 subjects never
+   trained on, the others' questions into train, dev and in-domain test); the splits are written as `jsonl:`
+   benchmark files, so `dcsjax eval` can score any of them.
 2. The frozen lower layers run once per split (`features.py`), cached in the output folder. Every arm
    reads the same prompt (dcs-letters at lc = lw = 1), so the only thing that changes with t is the
    training objective (DCS arms) or the tuned threshold (baselines), never the input.
@@ -11,11 +12,11 @@ The question: does training with DCS at a target threshold t beat thresholding a
    (plain fine-tuning, once: it does not depend on t), "refusal" (R-Tuning's baseline: CE on the starting
    model's answers relabelled, IDK where it was wrong; once too) and, at every t, "dcs+ce" (and "dcs") with
    lw = t / (1 - t).
-4. Policies on the held-out test split at every t (`policies.py`): the starting model and the CE model
+4. Policies on each test split (unseen subjects, in-domain) at every t (`policies.py`): the starting model and the CE model
    thresholded post hoc (tau tuned on dev for the score at t), the starting model as it is, the refusal
    model's own choice, and each DCS arm's own choice. Metrics pooled over seeds with 95% bootstrap
    intervals over test items, and paired intervals of each DCS arm minus each baseline on the same items.
-5. A table and a figure over t (`summary.md`, `thresholds.png`), training curves (`training.png`),
+5. A table per test split and a figure over t (`summary.md`, `thresholds-<split>.png`), training curves (`training.png`),
    `results.json`; one DCS model (seed 0, `export_threshold`) written as an HF directory `dcsjax.load` reads.
 """
 
@@ -30,9 +31,12 @@ from typing import Sequence
 
 import numpy as np
 
+from dcsjax.errors import ConfigError
 from dcsjax.metrics.dcs import loadings_from_threshold as loadings, loadings_note
 from dcsjax.metrics.bootstrap import resample_indices
-from dcsjax.training.data import CONSTRUCTIONS, DEFAULT_PER_TASK, DEFAULT_TASKS, SPLITS, abstention_splits, write_jsonl
+from dcsjax.training.data import (
+    CONSTRUCTIONS, DEFAULT_PER_TASK, DEFAULT_TASKS, SPLITS, TEST_SPLITS, UNSEEN_SHARE, abstention_splits, write_jsonl,
+)
 from dcsjax.training.features import letter_features, load_features, save_features
 from dcsjax.training.policies import (
     METRIC_LABELS, outcomes, own_choice, paired, refusal_targets, summarise, thresholded, tune_threshold,
@@ -144,13 +148,15 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
                    seeds: Sequence[int] = (0, 1, 2), adapters: Sequence[str] = ("top",), top_layers: int = 2,
                    lora_layers: int | None = None, lora_seeds: Sequence[int] | None = None,
                    lora_steps: int | None = None, lora_thresholds: Sequence[float] | None = None,
+                   fractions: tuple[float, float, float] = (0.6, 0.2, 0.2), unseen_share: float = UNSEEN_SHARE,
                    base: TrainConfig = TrainConfig(), export_threshold: float | None = 0.5,
                    export_adapter: str | None = None, n_boot: int = 1000, mesh=None, progress: bool = True) -> dict:
     """lora_layers: the blocks LoRA adapts (default all); lora_seeds, lora_steps and lora_thresholds:
     fewer seeds, updates and thresholds for the LoRA arms (a LoRA step over every block costs what the
     whole model's forward and backward do).
     The first DCS arm's seed-0 model at `export_threshold` (with `export_adapter`, default the first one)
-    is saved to OUT/model, merged."""
+    is saved to OUT/model, merged. unseen_share, fractions: the split (`data.abstention_splits`): the share of
+    subjects held out whole, and how the others' questions divide among train, dev and in-domain test."""
     import dcsjax
 
     started = time.time()
@@ -167,7 +173,13 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     c = scorer.config
     depth = {"top": top_layers, "lora": lora_layers or c.num_layers}  # adapted blocks, per adapter
     unread = []
-    splits = abstention_splits(tasks, per_task=per_task, errors=unread)
+    splits = abstention_splits(tasks, per_task=per_task, fractions=fractions, unseen_share=unseen_share, errors=unread)
+    tests = [s for s in TEST_SPLITS if splits[s]]  # scored at the end: unseen subjects, in-domain (where there are)
+    empty = [s for s in ("train", "dev") if not splits[s]]
+    if empty or not tests:
+        raise ConfigError(f"the split of {', '.join(tasks)} (per task {per_task}) leaves "
+                          f"{' and '.join(empty) or 'both test splits'} empty: "
+                          + ", ".join(f"{k} {len(v)}" for k, v in splits.items()) + "; take more questions or subjects")
     for split in SPLITS:
         write_jsonl(splits[split], out / "data" / f"{split}.jsonl")
     (out / "data" / "errors.jsonl").write_text("".join(json.dumps(e.as_record()) + "\n" for e in unread))
@@ -187,12 +199,13 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
         timings[f"features_top{k}"] = timings.get(f"features_top{k}", 0.0) + round(time.time() - tic, 1)
         return f
 
-    # what each adapter trains on (every split), and the starting model's readout (dev and test, and the
-    # training split where the refusal baseline relabels it: with LoRA alone and no refusal arm, the top-layer
-    # features of the training split, 63% of the items, are never read)
+    # what each adapter trains on and is scored on, and the starting model's readout (dev and the test splits,
+    # and the training split where the refusal baseline relabels it: with LoRA alone and no refusal arm, the
+    # top-layer features of the training split are never read)
     trained = set(depth[a] for a in adapters)
-    start_splits = SPLITS if "refusal" in arms else ("dev", "test")
-    features = {k: features_at(k, SPLITS if k in trained else start_splits) for k in sorted(trained | {top_layers})}
+    used = ("train", "dev", *tests)
+    start_splits = used if "refusal" in arms else ("dev", *tests)
+    features = {k: features_at(k, used if k in trained else start_splits) for k in sorted(trained | {top_layers})}
     start = top_params(scorer.model, top_layers)
     start_folder = out / "features" / f"top{top_layers}"
     start_dists = {s: distributions(cached_logits(start_folder / f"start_{s}_logits",
@@ -202,7 +215,7 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     # the refusal baseline's labels: the same items in every adapter's features, so one set of targets
     refusal = refusal_targets(start_dists["train"]) if "refusal" in arms else None
 
-    # every trained model: (adapter, arm, t or None) -> per seed {"dev", "test"} distributions
+    # every trained model: (adapter, arm, t or None) -> per seed {"dev", *tests} distributions
     models: dict[tuple, list[dict]] = {}
     histories: dict[str, list[list[dict]]] = {}
     per_run: list[dict] = []
@@ -217,7 +230,7 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
         run_key = {"steps": result["steps"], "best_step": result["best_step"], "best_score": result["best_score"]}
         dists = {split: distributions(cached_logits(folder / f"{split}_logits", run_key | {"items": len(f[split])},
                                                     lambda: predict_logits(c, result["best"], embedding, f[split])),
-                                      f[split]) for split in ("dev", "test")}
+                                      f[split]) for split in ("dev", *tests)}
         models.setdefault((adapter, arm, t), []).append(dists)
         histories.setdefault(f"{adapter} {arm}" + ("" if t is None else f" t={t:g}"), []).append(result["history"])
         per_run.append({"adapter": adapter, "arm": arm, "t": t, "seed": seed, "best_step": result["best_step"],
@@ -233,8 +246,9 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
                "config": asdict(base), "seeds": list(seeds), "lora_seeds": list(lora_seeds or seeds), "lora_steps": lora_steps,
                "lora_thresholds": [float(t) for t in lora_thresholds] if lora_thresholds else None,
                "thresholds": thresholds, "splits": counts, "runs": per_run, "n_boot": n_boot}
-    results["by_threshold"] = {f"{t:g}": threshold_results(t, start_dists, models, kinds["test"], n_boot)
-                               for t in thresholds}
+    results["tests"] = tests
+    results["by_split"] = {split: {f"{t:g}": threshold_results(t, start_dists, models, split, kinds[split], n_boot)
+                                   for t in thresholds} for split in tests}
     results["histories"] = histories
     if exported is not None:
         adapter, arm, t, seed, params, k = exported
@@ -254,30 +268,31 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     tmp.write_text(text)
     tmp.replace(out / "results.json")  # a kill mid-write leaves the previous file whole
     (out / "summary.md").write_text(summary_table(results))
-    plot_thresholds(results, out / "thresholds.png")
+    for split in tests:
+        plot_thresholds(results, split, out / f"thresholds-{split}.png")
     if histories:
         plot_training(histories, out / "training.png")
     return results
 
 
-def threshold_results(t: float, start: dict, models: dict, kind: np.ndarray, n_boot: int) -> dict:
-    """Every policy at t on the test split: metrics with intervals, thresholds, and the paired differences
-    of each DCS-trained policy against each post-hoc baseline."""
+def threshold_results(t: float, start: dict, models: dict, split: str, kind: np.ndarray, n_boot: int) -> dict:
+    """Every policy at t on a test split (`unseen` or `test`): metrics with intervals, thresholds (tuned on dev),
+    and the paired differences of each DCS-trained policy against each post-hoc baseline."""
     _, lw = loadings(t)
     indices = resample_indices(len(kind), n_boot, seed=0)  # the same resamples for every policy: pairs
     policies: dict[str, tuple] = {}  # name -> (Outcomes, extra info)
     tau = tune_threshold(start["dev"], lw)
     # the chance reference every row is read against (beside abstaining everywhere, which scores exactly 0)
-    policies["uniform"] = (uniform_answerer(start["test"], lw), {})
-    policies["start"] = (outcomes([start["test"]], [own_choice(start["test"])], lw, soft=True), {})
-    policies["start+tau"] = (outcomes([start["test"]], [thresholded(start["test"], tau)], lw, soft=True),
+    policies["uniform"] = (uniform_answerer(start[split], lw), {})
+    policies["start"] = (outcomes([start[split]], [own_choice(start[split])], lw, soft=True), {})
+    policies["start+tau"] = (outcomes([start[split]], [thresholded(start[split], tau)], lw, soft=True),
                              {"tau": [tau]})
 
     def with_threshold(runs: list[dict]) -> tuple:
         """Each run thresholded post hoc, its tau tuned on its own dev split: the baselines' rule exactly.
         Its distributional DCS is that of the distribution it thresholds (the model's own)."""
         taus = [tune_threshold(r["dev"], lw) for r in runs]
-        return (outcomes([r["test"] for r in runs], [thresholded(r["test"], x) for r, x in zip(runs, taus)], lw,
+        return (outcomes([r[split] for r in runs], [thresholded(r[split], x) for r, x in zip(runs, taus)], lw,
                          soft=True), {"tau": taus})
 
     for (adapter, arm, at), runs in models.items():
@@ -285,10 +300,10 @@ def threshold_results(t: float, start: dict, models: dict, kind: np.ndarray, n_b
         if arm == "ce":
             policies["ce+tau" + suffix] = with_threshold(runs)
         elif arm == "refusal":  # as R-Tuning uses it: the trained model's own choice, IDK its refusal
-            policies["refusal" + suffix] = (outcomes([r["test"] for r in runs], [own_choice(r["test"]) for r in runs],
+            policies["refusal" + suffix] = (outcomes([r[split] for r in runs], [own_choice(r[split]) for r in runs],
                                                      lw, soft=True), {})
         elif at == t:
-            policies[arm + suffix] = (outcomes([r["test"] for r in runs], [own_choice(r["test"]) for r in runs], lw,
+            policies[arm + suffix] = (outcomes([r[split] for r in runs], [own_choice(r[split]) for r in runs], lw,
                                                soft=True), {})
             # the fair comparison with the baselines: the DCS-trained model under the same post-hoc threshold
             policies[arm + "+tau" + suffix] = with_threshold(runs)
@@ -310,19 +325,30 @@ def _label(name: str) -> str:
     return POLICY_LABELS.get(head, head) + (f" {rest}" if rest else "")
 
 
+SPLIT_TITLES = {"unseen": "Unseen subjects (never trained on)",
+                "test": "In-domain test (held-out questions of the training subjects)"}
+
+
 def summary_table(results: dict) -> str:
-    counts = results["splits"]["test"]
-    names = list(METRIC_LABELS)
-    lines = [f"Held-out test split: {counts['items']} items ({counts['option removed']} with the correct option "
-             f"removed, {counts['wording']} unanswerable by wording, {counts['answerable']} answerable); "
-             f"{results['model']}; adapters {', '.join(results['adapters'])} (top: {results['top_layers']} blocks"
+    lines = [f"{results['model']}; adapters {', '.join(results['adapters'])} (top: {results['top_layers']} blocks"
              + (f"; LoRA: {results['lora_layers']} blocks, seeds {results['lora_seeds']}" if results["lora_layers"] else "")
              + f"); seeds {results['seeds']}; metrics pooled over seeds, 95% bootstrap intervals over test items. "
              "A decision scores +1 right, -t/(1-t) wrong, 0 abstained; 'distribution' is DCS of the model's "
              "whole option+IDK distribution (for a thresholded policy, the distribution it thresholds). Chance "
              "references: abstaining everywhere scores exactly 0; the uniform answerer picks uniformly among an "
              "item's options and IDK (its expected metrics) and its distribution is uniform over them.", ""]
-    for t, entry in results["by_threshold"].items():
+    for split in results["tests"]:
+        counts = results["splits"][split]
+        lines += [f"## {SPLIT_TITLES[split]}: {counts['items']} items ({counts['option removed']} with the correct "
+                  f"option removed, {counts['wording']} unanswerable by wording, {counts['answerable']} answerable)", ""]
+        lines += _threshold_tables(results["by_split"][split])
+    return "\n".join(lines)
+
+
+def _threshold_tables(by_threshold: dict) -> list[str]:
+    names = list(METRIC_LABELS)
+    lines = []
+    for t, entry in by_threshold.items():
         body = []
         for name, p in entry["policies"].items():
             cells = []
@@ -344,10 +370,10 @@ def summary_table(results: dict) -> str:
             lines += ["", render(["DCS-trained minus baseline, same items", "difference in decision score",
                                   "95% interval", "share of resamples <= 0"], pairs, "markdown", numeric=(1, 2, 3))]
         lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
-def plot_thresholds(results: dict, path: Path) -> None:
+def plot_thresholds(results: dict, split: str, path: Path) -> None:
     """Each metric against t, one line per policy (intervals as bars); accuracy when answering against
     the line y = t that Proposition 1 sets."""
     import matplotlib
@@ -355,13 +381,14 @@ def plot_thresholds(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ts = [float(t) for t in results["by_threshold"]]
-    names = list(dict.fromkeys(n for e in results["by_threshold"].values() for n in e["policies"]))
+    by_threshold = results["by_split"][split]
+    ts = [float(t) for t in by_threshold]
+    names = list(dict.fromkeys(n for e in by_threshold.values() for n in e["policies"]))
     panels = ["score", "selective_accuracy", "coverage", "abstain_removed", "abstain_wording", "over_abstention"]
     fig, axes = plt.subplots(2, 3, figsize=(14, 7))
     for ax, metric in zip(axes.flat, panels):
         for i, name in enumerate(names):
-            pts = [(t, e["policies"][name]["metrics"][metric]) for t, e in zip(ts, results["by_threshold"].values())
+            pts = [(t, e["policies"][name]["metrics"][metric]) for t, e in zip(ts, by_threshold.values())
                    if name in e["policies"] and e["policies"][name]["metrics"][metric][0] is not None]
             if not pts:
                 continue
@@ -375,7 +402,7 @@ def plot_thresholds(results: dict, path: Path) -> None:
         ax.set_xticks(ts)
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"{results['model']}: held-out test split, {results['splits']['test']['items']} items")
+    fig.suptitle(f"{results['model']}: {SPLIT_TITLES[split].lower()}, {results['splits'][split]['items']} items")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
