@@ -292,6 +292,22 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
         assert entry["policies"]["start+tau"]["metrics"]["dcs"] == entry["policies"]["start"]["metrics"]["dcs"]
         assert entry["policies"]["dcs+ce+tau"]["metrics"]["dcs"] == entry["policies"]["dcs+ce"]["metrics"]["dcs"]
     assert results["tests"] == ["unseen", "test"] and set(results["by_split"]["test"]) == {"0.5", "0.75"}
+    # T (TruthRL: accuracy - hallucination rate) is the decision score at lc = lw = 1, t = 0.5's
+    for policy in results["by_split"]["unseen"]["0.5"]["policies"].values():
+        assert policy["metrics"]["truthfulness"][0] == pytest.approx(policy["metrics"]["score"][0])
+    # each model's own distribution: R-Tuning's AP of the starting model against scikit-learn's on its forced answers
+    from sklearn.metrics import average_precision_score
+
+    models = results["distributions"]["unseen"]
+    assert {"starting model", "cross-entropy", "refusal targets (R-Tuning)", "DCS + CE at t = 0.5",
+            "DCS + CE at t = 0.75", "DCS + CE at t = 0.5 (lora)"} <= set(models)
+    unseen = load_features(out / "features" / "top2" / "unseen.npz")
+    d = distributions(np.load(out / "features" / "top2" / "start_unseen_logits.npy"), unseen)
+    rows, probs = np.arange(len(unseen)), np.asarray(d.probs)
+    pick = np.where(np.asarray(d.idk) | ~np.asarray(d.valid), -1.0, probs).argmax(-1)  # the best option, IDK left out
+    hit = np.asarray(d.correct)[rows, pick]
+    assert models["starting model"]["ap"][0] == pytest.approx(average_precision_score(hit, probs[rows, pick]), abs=1e-6)
+    assert all(lo <= v <= hi for m in models.values() for v, lo, hi in m.values())
     for name in ("summary.md", "thresholds-unseen.png", "thresholds-test.png", "training.png"):
         assert (out / name).stat().st_size > 0
     # five runs, one compiled update per adapter and prompt length (each batch is cut to its longest prompt,

@@ -69,6 +69,12 @@ def _resampled(statistic: Statistic, data, indices: np.ndarray) -> np.ndarray:
     return np.asarray(_resampled_stats(statistic, jax.tree.map(jnp.asarray, data), jnp.asarray(indices)), np.float64)
 
 
+def value_and_resamples(statistic: Statistic, data, indices: np.ndarray) -> tuple[float, np.ndarray]:
+    """The statistic on all items and on each resample `indices` [n_boot, n] (given, so that several models or
+    seeds can share them): the pieces of `bootstrap_ci` for a caller that pools them itself."""
+    return float(_on_all(statistic, jax.tree.map(jnp.asarray, data))), _resampled(statistic, data, indices)
+
+
 def bootstrap_ci(statistic: Statistic, data, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> Interval:
     """The statistic on all items and its percentile interval over resamples of the items."""
     n = _n_items(data)

@@ -39,7 +39,7 @@ from dcsjax.training.data import (
 )
 from dcsjax.training.features import letter_features, load_features, save_features
 from dcsjax.training.policies import (
-    METRIC_LABELS, outcomes, own_choice, paired, refusal_targets, summarise, thresholded, tune_threshold,
+    DISTRIBUTION_LABELS, METRIC_LABELS, distribution_metrics, outcomes, own_choice, paired, refusal_targets, summarise, thresholded, tune_threshold,
     uniform_answerer,
 )
 from dcsjax.eval.tables import render
@@ -249,6 +249,7 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     results["tests"] = tests
     results["by_split"] = {split: {f"{t:g}": threshold_results(t, start_dists, models, split, kinds[split], n_boot)
                                    for t in thresholds} for split in tests}
+    results["distributions"] = {split: model_metrics(start_dists, models, split, n_boot) for split in tests}
     results["histories"] = histories
     if exported is not None:
         adapter, arm, t, seed, params, k = exported
@@ -320,6 +321,21 @@ def threshold_results(t: float, start: dict, models: dict, split: str, kind: np.
     return entry
 
 
+MODEL_LABELS = {"start": "starting model", "ce": "cross-entropy", "refusal": "refusal targets (R-Tuning)",
+                "dcs": "DCS", "dcs+ce": "DCS + CE"}
+
+
+def model_metrics(start: dict, models: dict, split: str, n_boot: int) -> dict:
+    """Each model's own distribution on a test split, whatever t (`policies.DISTRIBUTION_LABELS`): the starting
+    model and every trained one (seeds pooled), on the same item resamples."""
+    indices = resample_indices(len(start[split].probs), n_boot, seed=0)
+    rows = {"starting model": distribution_metrics([start[split]], indices)}
+    for (adapter, arm, t), runs in models.items():
+        name = MODEL_LABELS[arm] + ("" if t is None else f" at t = {t:g}") + ("" if adapter == "top" else f" ({adapter})")
+        rows[name] = distribution_metrics([r[split] for r in runs], indices)
+    return rows
+
+
 def _label(name: str) -> str:
     head, _, rest = name.partition(" ")
     return POLICY_LABELS.get(head, head) + (f" {rest}" if rest else "")
@@ -341,6 +357,11 @@ def summary_table(results: dict) -> str:
         counts = results["splits"][split]
         lines += [f"## {SPLIT_TITLES[split]}: {counts['items']} items ({counts['option removed']} with the correct "
                   f"option removed, {counts['wording']} unanswerable by wording, {counts['answerable']} answerable)", ""]
+        body = [[name, *(f"{v:.3f} [{lo:.3f}, {hi:.3f}]" for v, lo, hi in (m[k] for k in DISTRIBUTION_LABELS))]
+                for name, m in results["distributions"][split].items()]
+        lines += ["Each model's own distribution, whatever t: its forced answer's confidence against its correctness "
+                  "(AP higher is better; ECE, Brier and AURC lower).", "",
+                  render(["model", *DISTRIBUTION_LABELS.values()], body, "markdown", numeric=range(1, 5)), ""]
         lines += _threshold_tables(results["by_split"][split])
     return "\n".join(lines)
 

@@ -116,7 +116,9 @@ def metrics_of(o: Outcomes, kind: np.ndarray, idx: np.ndarray | None = None) -> 
     take = lambda x: x[:, idx]  # noqa: E731  [S, B, N]
     answered, right = take(o.answered), take(o.right)
     ratio = lambda num, den: num.sum((0, 2)) / np.maximum(den.sum((0, 2)), 1e-12)  # noqa: E731
-    out = {"score": take(o.gain).mean((0, 2)), "dcs": take(o.dcs).mean((0, 2)), "coverage": answered.mean((0, 2)),
+    # T (TruthRL): the share answered right minus the share answered wrong, the decision score at lc = lw = 1
+    out = {"score": take(o.gain).mean((0, 2)), "dcs": take(o.dcs).mean((0, 2)),
+           "truthfulness": (2 * right - answered).mean((0, 2)), "coverage": answered.mean((0, 2)),
            "selective_accuracy": np.where(answered.sum((0, 2)) > 0, ratio(right, answered), np.nan)}  # none answered: none
     for name, construction in (("abstain_removed", "option removed"), ("abstain_wording", "wording"),
                                ("over_abstention", "answerable")):
@@ -125,9 +127,13 @@ def metrics_of(o: Outcomes, kind: np.ndarray, idx: np.ndarray | None = None) -> 
     return out
 
 
-METRIC_LABELS = {"score": "DCS at t (decisions)", "dcs": "DCS at t (distribution)", "coverage": "coverage",
+METRIC_LABELS = {"score": "DCS at t (decisions)", "dcs": "DCS at t (distribution)",
+                 "truthfulness": "T = accuracy - hallucination", "coverage": "coverage",
                  "selective_accuracy": "accuracy when answering", "abstain_removed": "abstains: option removed",
                  "abstain_wording": "abstains: wording", "over_abstention": "abstains: answerable"}
+# Of a model's own distribution, whatever t (the forced answer's confidence against its correctness): R-Tuning's
+# average precision, calibration and selective prediction (`metrics.calibration`)
+DISTRIBUTION_LABELS = {"ap": "AP (confidence vs correct)", "ece": "ECE", "brier": "Brier", "aurc": "AURC"}
 
 
 def summarise(o: Outcomes, kind: np.ndarray, indices: np.ndarray) -> dict[str, list[float]]:
@@ -149,3 +155,17 @@ def paired(a: Outcomes, b: Outcomes, indices: np.ndarray) -> list[float]:
     diff = a.gain.mean(0) - b.gain.mean(0)  # [N]
     boot = diff[indices].mean(-1)
     return [float(diff.mean()), *percentile_interval(boot), float(np.mean(boot <= 0))]
+
+
+def distribution_metrics(dists: list[Distributions], indices: np.ndarray) -> dict[str, list[float]]:
+    """`DISTRIBUTION_LABELS`' metrics of one model's distributions on the test items, one per seed (the same
+    items): metric -> [mean over seeds, 95% interval over the item resamples `indices`, seeds pooled]."""
+    from dcsjax.metrics.bootstrap import value_and_resamples
+    from dcsjax.metrics.calibration import aurc, average_precision, brier_score, ece
+
+    statistics = {"ap": average_precision, "ece": ece, "brier": brier_score, "aurc": aurc}
+    out = {}
+    for name, statistic in statistics.items():
+        points, boots = zip(*(value_and_resamples(statistic, d, indices) for d in dists))
+        out[name] = [float(np.mean(points)), *percentile_interval(np.mean(boots, axis=0))]
+    return out
