@@ -375,7 +375,7 @@ def _threshold_tables(by_threshold: dict) -> list[str]:
             cells = []
             for n in names:
                 v, lo, hi = p["metrics"][n]
-                cells.append("-" if v is None else f"{v:+.3f} [{lo:+.3f}, {hi:+.3f}]" if n in ("score", "dcs")
+                cells.append("-" if v is None else f"{v:+.3f} [{lo:+.3f}, {hi:+.3f}]" if n in ("score", "dcs", "truthfulness")
                              else f"{v:.3f}")
             tau = f" (tau {np.mean(p['tau']):.2f})" if "tau" in p else ""
             body.append([f"{_label(name)}{tau}", *cells])
