@@ -416,6 +416,9 @@ def _train_parser(sub) -> None:
     p = sub.add_parser("train-abstain", help="fine-tune a model to abstain with DCS at target thresholds and compare "
                                              "it with post-hoc thresholding on a held-out split")
     p.add_argument("--model", default=DEMO_MODEL, help=f"the model to fine-tune (default {DEMO_MODEL})")
+    p.add_argument("--config", metavar="FILE", help="a TOML file of the experiment's settings, one key per flag "
+                   "(model = \"...\", thresholds = [0.25, 0.5], seeds = [0, 1, 2], unseen_share = 0.5, "
+                   "learning_rate = 1e-4); flags given on the command line win")
     p.add_argument("--out", default="runs/abstain", help="run folder: data, features, checkpoints, results")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
                    help=f"abstention data, comma-separated (default {','.join(DEFAULT_TASKS)})")

@@ -147,3 +147,29 @@ def test_config_file_and_lm_eval_spellings(tmp_path, monkeypatch, capsys):
     config.write_text('model = "gemma3-270m\n')
     assert cli.main(["eval", "--config", str(config)]) == 2
     assert "cannot read it as TOML" in capsys.readouterr().err
+
+
+def test_train_abstain_reads_its_settings_from_one_toml_file(tmp_path, monkeypatch, capsys):
+    """The experiment's settings as one file (`train-abstain --config FILE`): its keys reach the experiment and
+    the training config, the command line wins, and a key that is no setting is named."""
+    import dcsjax.cli as cli
+    import dcsjax.training.experiment as experiment
+
+    seen = {}
+
+    def fake(model, out, **kwargs):
+        seen.update(kwargs, model=model, out=out)
+        return {"tests": [], "seconds": 0.0}
+
+    monkeypatch.setattr(experiment, "run_experiment", fake)
+    monkeypatch.setattr(experiment, "summary_table", lambda results: "")
+    config = tmp_path / "study.toml"
+    config.write_text('model = "gemma3-270m"\nthresholds = [0.25, 0.5]\nseeds = [0, 1, 2]\nunseen_share = 0.5\n'
+                      'learning_rate = 3e-4\nadapters = ["top", "lora"]\n')
+    assert cli.main(["train-abstain", "--config", str(config), "--seeds", "4", "--out", str(tmp_path / "o")]) == 0
+    assert (seen["model"], seen["thresholds"], seen["seeds"], seen["unseen_share"], seen["adapters"]) == (
+        "gemma3-270m", [0.25, 0.5], [4], 0.5, ["top", "lora"])
+    assert seen["base"].learning_rate == 3e-4
+    config.write_text("thresholdz = [0.5]\n")
+    assert cli.main(["train-abstain", "--config", str(config)]) == 2
+    assert "'thresholdz' is not a setting of `dcsjax train-abstain`" in capsys.readouterr().err
