@@ -326,8 +326,8 @@ def cmd_train_abstain(args) -> int:
                              n_boot=args.n_boot, mesh=args.mesh, progress=not args.quiet)
     print(summary_table(results))
     figures = ", ".join(f"thresholds-{split}.png" for split in results["tests"])
-    print(f"{args.out}: results.json, summary.md, {figures}, training.png" + (", model/" if "exported" in results else "")
-          + f" ({results['seconds']:.0f} s)")
+    print(f"{args.out}: results.json, summary.md, {figures}, risk_coverage.png, training.png"
+          + (", model/" if "exported" in results else "") + f" ({results['seconds']:.0f} s)")
     return 0
 
 

@@ -308,7 +308,7 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
     hit = np.asarray(d.correct)[rows, pick]
     assert models["starting model"]["ap"][0] == pytest.approx(average_precision_score(hit, probs[rows, pick]), abs=1e-6)
     assert all(lo <= v <= hi for m in models.values() for v, lo, hi in m.values())
-    for name in ("summary.md", "thresholds-unseen.png", "thresholds-test.png", "training.png"):
+    for name in ("summary.md", "thresholds-unseen.png", "thresholds-test.png", "risk_coverage.png", "training.png"):
         assert (out / name).stat().st_size > 0
     # five runs, one compiled update per adapter and prompt length (each batch is cut to its longest prompt,
     # rounded up: MMLU's prompts here take one or two lengths): arms, thresholds and seeds are traced or read

@@ -271,6 +271,7 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     (out / "summary.md").write_text(summary_table(results))
     for split in tests:
         plot_thresholds(results, split, out / f"thresholds-{split}.png")
+    plot_risk_coverage(start_dists, models, tests, results, out / "risk_coverage.png")
     if histories:
         plot_training(histories, out / "training.png")
     return results
@@ -325,14 +326,17 @@ MODEL_LABELS = {"start": "starting model", "ce": "cross-entropy", "refusal": "re
                 "dcs": "DCS", "dcs+ce": "DCS + CE"}
 
 
+def model_label(adapter: str, arm: str, t: float | None) -> str:
+    return MODEL_LABELS[arm] + ("" if t is None else f" at t = {t:g}") + ("" if adapter == "top" else f" ({adapter})")
+
+
 def model_metrics(start: dict, models: dict, split: str, n_boot: int) -> dict:
     """Each model's own distribution on a test split, whatever t (`policies.DISTRIBUTION_LABELS`): the starting
     model and every trained one (seeds pooled), on the same item resamples."""
     indices = resample_indices(len(start[split].probs), n_boot, seed=0)
     rows = {"starting model": distribution_metrics([start[split]], indices)}
-    for (adapter, arm, t), runs in models.items():
-        name = MODEL_LABELS[arm] + ("" if t is None else f" at t = {t:g}") + ("" if adapter == "top" else f" ({adapter})")
-        rows[name] = distribution_metrics([r[split] for r in runs], indices)
+    for key, runs in models.items():
+        rows[model_label(*key)] = distribution_metrics([r[split] for r in runs], indices)
     return rows
 
 
@@ -424,6 +428,39 @@ def plot_thresholds(results: dict, split: str, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(f"{results['model']}: {SPLIT_TITLES[split].lower()}, {results['splits'][split]['items']} items")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_risk_coverage(start: dict, models: dict, tests: list[str], results: dict, path: Path) -> None:
+    """Selective prediction, one panel per test split: the risk (error rate) of answering only the most
+    confident share of items (the forced answer's confidence), for the starting model and every trained one
+    (seed 0; its AURC, seeds pooled, in the legend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dcsjax.metrics.calibration import risk_coverage
+
+    fig, axes = plt.subplots(1, len(tests), figsize=(6.5 * len(tests), 4.6), squeeze=False)
+    for ax, split in zip(axes[0], tests):
+        curves = {"starting model": start[split]}
+        for key, runs in models.items():
+            curves[model_label(*key)] = runs[0][split]
+        for name, d in curves.items():
+            coverage, risk = risk_coverage(d)
+            aurc = results["distributions"][split][name]["aurc"][0]
+            ax.plot(np.asarray(coverage), np.asarray(risk), lw=1.2, label=f"{name} (AURC {aurc:.2f})")
+        ax.set_title(f"{SPLIT_TITLES[split]}, {results['splits'][split]['items']} items", fontsize=10)
+        ax.set_xlabel("coverage (share answered, most confident first)")
+        ax.set_ylabel("risk (error rate among those answered)")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(results["model"])
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
