@@ -328,15 +328,16 @@ def _load_items(config: EvalConfig, card) -> dict:
 
     all_items, load_errors = load_task(card)
     items = all_items[:config.limit] if config.limit is not None else all_items
-    if config.sample is not None and config.statements is not None:
+    rows = read_statements(config.statements) if config.statements is not None else None  # read once
+    if config.sample is not None and rows is not None:
         # a sample of the items the statements file holds (a quarter of MMLU's, say, by the stem rule): the ones
         # it lacks were filtered at generation, and its rejected file counts them (002 Fig. 3)
-        held = {row["id"] for row in read_statements(config.statements)}
+        held = {row["id"] for row in rows}
         items = sample_items([i for i in all_items if i.id in held], config.sample, config.seed)
     elif config.sample is not None:
         items = sample_items(all_items, config.sample, config.seed)
-    if config.statements is not None:
-        items, load_errors = _with_statements(items, load_errors, config.statements)
+    if rows is not None:
+        items, load_errors = _with_statements(items, load_errors, config.statements, rows)
     # exemplars: the card's few-shot split (its rows' errors are reported with the task's), else the task's items
     shots = fewshot_items(card) if config.num_fewshot else None
     if shots is not None:
@@ -472,14 +473,13 @@ def chance_uniform(protocol: str, records: list[dict]) -> float | None:
     return float(np.mean([len(p["gold"]) / p["size"] for p in shown])) if shown else None
 
 
-def _with_statements(items, errors, path: Path):
-    """Items that have statements in the file, carrying them; the rest become error records. A row is an
-    item's only where its question and options are the item's (a file made for another task, or from an
-    edited data file, names the line and what differs)."""
+def _with_statements(items, errors, path: Path, rows: list[dict]):
+    """Items that have statements in the file (its `rows`, as `read_statements` reads them), carrying them; the
+    rest become error records. A row is an item's only where its question and options are the item's (a file
+    made for another task, or from an edited data file, names the line and what differs)."""
     from dcsjax.data.items import ItemError
-    from dcsjax.data.jsonl import read_statements
 
-    by_id = {row["id"]: row for row in read_statements(path)}
+    by_id = {row["id"]: row for row in rows}
     kept, missing = [], []
     for item in items:
         row = by_id.get(item.id)
