@@ -45,6 +45,9 @@ def test_report_on_real_results(real_results, tmp_path):
     apx, aps = read_records(folder / "apx.jsonl"), read_records(folder / "aps.jsonl")
     diff = np.mean([r["correct"] for r in apx]) - np.mean([r["correct"] for r in aps])
     assert rows["apx-aps", "accuracy_diff"]["value"] == pytest.approx(diff, abs=1e-6)
+    mcqa = {r["id"]: r["correct"]["sum"] for r in read_records(folder / "mcqa.jsonl")}  # APS against option likelihood
+    diff = np.mean([r["correct"] for r in aps]) - np.mean([mcqa[r["id"]] for r in aps])
+    assert rows["aps-mcqa", "accuracy_diff"]["value"] == pytest.approx(diff, abs=1e-6)
     for metric in ("brier", "ece", "ece_mass", "aurc", "ternary_t0.75"):
         assert ("dcs-letters", metric) in rows and np.isfinite(rows["dcs-letters", metric]["value"])
     text = re.sub(" +", " ", summary.read_text())  # the tables' cells are padded to their columns' width

@@ -110,6 +110,11 @@ def _accuracy(protocol: str, records: list[dict]) -> np.ndarray:
     return np.asarray(headline_values(protocol, records), np.float64)
 
 
+# Protocols compared item by item on the same items (a paired bootstrap): paper 002's APX against APS, and APS
+# against plain option likelihood (does the declarative statement add anything to ranking the options?)
+PAIRED = (("apx", "aps"), ("aps", "mcqa"))
+
+
 def metric_rows(models: dict[str, ModelResults], n_boot: int = 1000) -> list[dict]:
     """One row per model x task x protocol x metric: value and 95% interval."""
     rows = []
@@ -138,15 +143,18 @@ def metric_rows(models: dict[str, ModelResults], n_boot: int = 1000) -> list[dic
                     add("ece_mass", bootstrap_ci(ece_by_mass, d, n_boot))
                     add("aurc", bootstrap_ci(aurc, d, n_boot))
                     add(f"ternary_t{TERNARY_T}", bootstrap_ci(ternary_at_t, d, n_boot))
-            if "aps" in by_protocol and "apx" in by_protocol:
-                aps = {r["id"]: r["correct"] for r in by_protocol["aps"]}
-                pairs = [(float(r["correct"]), float(aps[r["id"]])) for r in by_protocol["apx"] if r["id"] in aps]
+            for first, second in PAIRED:
+                if first not in by_protocol or second not in by_protocol:
+                    continue
+                other = dict(zip((r["id"] for r in by_protocol[second]), _accuracy(second, by_protocol[second])))
+                pairs = [(v, other[r["id"]]) for r, v in zip(by_protocol[first], _accuracy(first, by_protocol[first]))
+                         if r["id"] in other]
                 if pairs:
                     a, b = np.array(pairs).T
                     p = paired_bootstrap(jnp.mean, a, b, n_boot)
-                    rows.append({"model": m.name, "task": task, "protocol": "apx-aps", "metric": "accuracy_diff",
-                                 "n": len(pairs), "value": p.difference, "low": p.low, "high": p.high,
-                                 "p_value": p.p_value})
+                    rows.append({"model": m.name, "task": task, "protocol": f"{first}-{second}",
+                                 "metric": "accuracy_diff", "n": len(pairs), "value": p.difference, "low": p.low,
+                                 "high": p.high, "p_value": p.p_value})
     rows += model_differences(models, n_boot)
     return rows
 
@@ -610,8 +618,8 @@ def write_report(dirs: list[Path], out: Path, sizes_file: Path | None = None, n_
         f"Results: {', '.join(map(str, dirs))}. Models: "
         + ", ".join(f"{m.name} ({m.parameters / 1e6:.0f}M, {m.variant})" if m.parameters else m.name
                     for m in models.values()) + f". Tasks: {', '.join(tasks)}.", "",
-        f"Intervals: 95% percentile bootstrap over items ({n_boot} resamples, seed 0); `apx-aps` rows are paired "
-        "(the same items resampled for both protocols). DCS metrics read each item's option+IDK distribution; "
+        f"Intervals: 95% percentile bootstrap over items ({n_boot} resamples, seed 0); `apx-aps` and `aps-mcqa` "
+        "rows are paired (the same items resampled for both protocols). DCS metrics read each item's option+IDK distribution; "
         "ECE and risk-coverage use the most probable answer option (IDK excluded) and its probability; "
         f"the ternary score counts +1 / -t/(1-t) / 0 at t = {TERNARY_T}.", "",
         "## Figures", "",
