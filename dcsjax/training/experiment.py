@@ -12,12 +12,13 @@ The question: does training with DCS at a target threshold t beat thresholding a
    (plain fine-tuning, once: it does not depend on t), "refusal" (R-Tuning's baseline: CE on the starting
    model's answers relabelled, IDK where it was wrong; once too) and, at every t, "dcs+ce" (and "dcs") with
    lw = t / (1 - t).
-4. Policies on each test split (unseen subjects, in-domain) at every t (`policies.py`): the starting model and the CE model
-   thresholded post hoc (tau tuned on dev for the score at t), the starting model as it is, the refusal
+4. Policies on each test split (unseen subjects, in-domain) at every t (`policies.py`): the starting model and
+   the CE model thresholded post hoc (tau tuned on dev for the score at t), the starting model as it is, the refusal
    model's own choice, and each DCS arm's own choice. Metrics pooled over seeds with 95% bootstrap
    intervals over test items, and paired intervals of each DCS arm minus each baseline on the same items.
-5. A table per test split and a figure over t (`summary.md`, `thresholds-<split>.png`), training curves (`training.png`),
-   `results.json`; one DCS model (seed 0, `export_threshold`) written as an HF directory `dcsjax.load` reads.
+5. A table per test split and a figure over t (`summary.md`, `thresholds-<split>.png`), risk against coverage
+   (`risk_coverage.png`), training curves (`training.png`), `results.json`; one DCS model (seed 0,
+   `export_threshold`) written as an HF directory `dcsjax.load` reads.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from dcsjax.training.data import (
 )
 from dcsjax.training.features import letter_features, load_features, save_features
 from dcsjax.training.policies import (
-    DISTRIBUTION_LABELS, METRIC_LABELS, distribution_metrics, outcomes, own_choice, paired, refusal_targets, summarise, thresholded, tune_threshold,
-    uniform_answerer,
+    DISTRIBUTION_LABELS, METRIC_LABELS, distribution_metrics, outcomes, own_choice, paired, refusal_targets, summarise,
+    thresholded, tune_threshold, uniform_answerer,
 )
 from dcsjax.eval.tables import render
 from dcsjax.training.config import ARMS
@@ -379,7 +380,8 @@ def _threshold_tables(by_threshold: dict) -> list[str]:
             cells = []
             for n in names:
                 v, lo, hi = p["metrics"][n]
-                cells.append("-" if v is None else f"{v:+.3f} [{lo:+.3f}, {hi:+.3f}]" if n in ("score", "dcs", "truthfulness")
+                cells.append("-" if v is None else f"{v:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+                             if n in ("score", "dcs", "truthfulness")
                              else f"{v:.3f}")
             tau = f" (tau {np.mean(p['tau']):.2f})" if "tau" in p else ""
             body.append([f"{_label(name)}{tau}", *cells])
