@@ -106,7 +106,8 @@ def test_the_dcs_trained_arm_gets_the_baselines_threshold_tuned_on_its_own_dev()
     runs = [{"dev": random_dists(40, 10 + s), "test": random_dists(30, 20 + s)} for s in range(2)]
     ce = [{"dev": random_dists(40, 30), "test": random_dists(30, 31)}]
     kind = np.array(["answerable"] * 30)
-    entry = threshold_results(t, start, {("top", "dcs+ce", t): runs, ("top", "ce", None): ce}, kind, n_boot=20)
+    models = {("top", "dcs+ce", t): runs, ("top", "ce", None): ce}
+    entry = threshold_results(t, start, models, "test", kind, n_boot=20)
     for run, tau in zip(runs, entry["policies"]["dcs+ce+tau"]["tau"]):
         _, confidence = forced(run["dev"])
         best = max(gains(run["dev"], thresholded(run["dev"], c), lw).sum() for c in [np.inf, *np.unique(confidence)])
