@@ -161,11 +161,10 @@ def distribution_metrics(dists: list[Distributions], indices: np.ndarray) -> dic
     """`DISTRIBUTION_LABELS`' metrics of one model's distributions on the test items, one per seed (the same
     items): metric -> [mean over seeds, 95% interval over the item resamples `indices`, seeds pooled]."""
     from dcsjax.metrics.bootstrap import value_and_resamples
-    from dcsjax.metrics.calibration import aurc, average_precision, brier_score, ece
+    from dcsjax.metrics.calibration import ABSTENTION_METRICS
 
-    statistics = {"ap": average_precision, "ece": ece, "brier": brier_score, "aurc": aurc}
     out = {}
-    for name, statistic in statistics.items():
-        points, boots = zip(*(value_and_resamples(statistic, d, indices) for d in dists))
+    for name in DISTRIBUTION_LABELS:  # each metric's one home: the abstention metrics' table
+        points, boots = zip(*(value_and_resamples(ABSTENTION_METRICS[name], d, indices) for d in dists))
         out[name] = [float(np.mean(points)), *percentile_interval(np.mean(boots, axis=0))]
     return out
