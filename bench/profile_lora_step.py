@@ -71,7 +71,7 @@ def main() -> None:
     start = np.zeros((1, *f.letters.shape), np.float32)
     static, weights = step_settings(cfg)
     step_args = (c, static, optimizer, weights, params, opt_state, base, scorer.model.output_embedding, batch, start,
-                 jnp.asarray(30.0))
+                 f.lw[None], jnp.asarray(30.0))
 
     # one compiled program, both timed and read for its operation names (a jitted call beside
     # lower().compile() would compile the step twice, and the trace's names would be another program's)

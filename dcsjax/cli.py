@@ -322,6 +322,7 @@ def cmd_train_abstain(args) -> int:
                              lora_seeds=ints(args.lora_seeds), lora_steps=args.lora_steps,
                              lora_thresholds=[float(t) for t in args.lora_thresholds.split(",")] if args.lora_thresholds
                              else None,
+                             stated_thresholds=[float(t) for t in args.stated_thresholds.split(",") if t.strip()],
                              base=TrainConfig(**overrides), export_threshold=args.export_threshold,
                              n_boot=args.n_boot, mesh=args.mesh, progress=not args.quiet)
     print(summary_table(results))
@@ -428,8 +429,11 @@ def _train_parser(sub) -> None:
                    help="share of the subjects held out whole, never trained on (default 29/57, R-Tuning's MMLU "
                         "split; 0: none, and the test split alone is scored)")
     p.add_argument("--arms", default="ce,dcs+ce,refusal",
-                   help="trained arms (ce, dcs, dcs+ce, refusal: R-Tuning's baseline); the starting model is always scored")
+                   help="trained arms (ce, dcs, dcs+ce, refusal: R-Tuning's baseline; stated: one DCS + CE model told a "
+                        "target from --thresholds in each prompt); the starting model is always scored")
     p.add_argument("--thresholds", default="0.25,0.5,0.75", help="target thresholds t (lc = 1, lw = t/(1-t))")
+    p.add_argument("--stated-thresholds", default="0.6,0.9",
+                   help="with the stated arm: the targets it is also told at test, never trained on (default 0.6,0.9)")
     p.add_argument("--seeds", default="0,1,2", help="seeds of the trained arms, comma-separated (default 0,1,2)")
     p.add_argument("--adapters", default="top", help="top (the top blocks trained outright), lora (adapters on every "
                                                      "projection), or both: top,lora")

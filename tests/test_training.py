@@ -501,7 +501,8 @@ def test_accumulated_micro_batches_make_the_same_update_as_one_batch(small_featu
         static, weights = step_settings(cfg)
         updated[accumulate], _, _ = _train_step(scorer.config, static, sgd, weights, params, sgd.init(params), params,
                                                 scorer.model.output_embedding, arrays,
-                                                np.zeros((accumulate, batch, data.letters.shape[1]), np.float32), 0.0)
+                                                np.zeros((accumulate, batch, data.letters.shape[1]), np.float32),
+                                                data.lw[idx], 0.0)
     moved = 0.0
     for before, a, b in zip(jax.tree.leaves(params), jax.tree.leaves(updated[2]), jax.tree.leaves(updated[1])):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)  # summation order
@@ -575,3 +576,90 @@ def test_a_prompt_past_the_blockwise_threshold_gives_the_letters_elicitation_of_
                                      features).probs)
     for row, record in zip(probs, run_dcs_letters(scorer, items)):
         np.testing.assert_allclose(row[:len(record["probs"])], record["probs"], atol=2e-5)
+
+
+def test_stated_targets_draw_each_training_target_fixed_by_the_item():
+    """The stated-risk arm's targets: each item's drawn from the thresholds by its id (not its place in the list,
+    nor the run), every target about equally often."""
+    from dcsjax.training.data import stated_targets
+
+    items = [Item(f"q/{i}", "?", ("a", "b", "c"), (0,)) for i in range(900)]
+    targets = stated_targets(items, (0.25, 0.5, 0.75))
+    assert targets == stated_targets(items, [0.25, 0.5, 0.75])
+    assert stated_targets(items[::-1], (0.25, 0.5, 0.75)) == targets[::-1]
+    counts = {t: targets.count(t) for t in (0.25, 0.5, 0.75)}
+    assert sum(counts.values()) == 900 and all(250 < n < 350 for n in counts.values()), counts
+    assert stated_targets(items, (0.25, 0.5, 0.75), seed=1) != targets
+
+
+@pytest.mark.slow
+def test_the_stated_risk_arm_is_told_each_target_and_a_killed_experiment_resumes_to_the_same_table(
+        small_splits, tmp_path, monkeypatch):
+    """The stated-risk arm (one DCS + CE model, each training prompt stating a target drawn from the thresholds and
+    its DCS at that target's loadings), told at test every trained target and one it never saw (0.6); the
+    starting model told t reads as the stated-risk protocol's letters read-out in eval; its abstention slope
+    against np.polyfit over those records. And the experiment killed inside a run, then resumed, gives the same
+    results as one run straight through."""
+    import shutil
+
+    import dcsjax.training.experiment as experiment
+    from dcsjax.errors import Terminated
+    from dcsjax.eval.protocols.stated import penalty, run_stated_risk
+    from dcsjax.training.data import stated_targets
+    from dcsjax.training.experiment import run_experiment
+    from dcsjax.training.features import load_features
+
+    cfg = TrainConfig(steps=6, batch_size=8, eval_every=3, ce_warmup=2, learning_rate=3e-4, patience=10)
+    grid = dict(tasks=SMALL_TASKS, per_task=SMALL_PER_TASK, arms=("dcs+ce", "stated"), thresholds=(0.25, 0.5),
+                stated_thresholds=(0.6,), seeds=(0,), base=cfg, n_boot=50, export_threshold=None, progress=False)
+    straight = run_experiment(SMOL, tmp_path / "straight", **grid)
+
+    # the training prompts state each item's drawn target, and the loss reads its loading from there
+    features = tmp_path / "straight" / "features" / "top2"
+    train_set = load_features(features / "stated-train.npz")
+    targets = stated_targets(small_splits["train"], (0.25, 0.5))
+    assert set(targets) == {0.25, 0.5}
+    np.testing.assert_allclose(train_set.lw, [penalty(t) for t in targets], rtol=1e-6)
+    # the starting model told t = 0.6 (never trained on) reads as eval's stated-risk letters read-out
+    scorer = scorer_for(SMOL)
+    unseen = small_splits["unseen"]
+    records = run_stated_risk(scorer, unseen, thresholds=(0.25, 0.5, 0.6), readout="letters")
+    told = load_features(features / "stated-unseen-t0.6.npz")
+    probs = np.asarray(distributions(np.load(features / "start_stated_unseen-t0.6_logits.npy"), told).probs)
+    for row, record in zip(probs, records):
+        np.testing.assert_allclose(row[:len(record["stated"][2]["probs"])], record["stated"][2]["probs"], atol=2e-5)
+    # the slope of its abstention on t, item by item, against numpy's least squares over eval's records
+    abstained = np.array([[s["abstained"] for s in r["stated"]] for r in records], float)
+    want = np.mean([np.polyfit([0.25, 0.5, 0.6], row, 1)[0] for row in abstained])
+    assert straight["abstention_slopes"]["unseen"]["starting model"][0] == pytest.approx(want, abs=1e-6)
+    assert set(straight["abstention_slopes"]["unseen"]) == {"starting model", "stated-risk DCS + CE"}
+    # scored at every target it is told; paired against the one DCS + CE model per t where there is one
+    for split in ("unseen", "test"):
+        assert set(straight["by_split"][split]) == {"0.25", "0.5", "0.6"}
+        at = {t: straight["by_split"][split][t] for t in ("0.5", "0.6")}
+        assert {"stated", "start-stated", "dcs+ce"} <= set(at["0.5"]["policies"])
+        assert {"stated", "start-stated"} <= set(at["0.6"]["policies"]) and "dcs+ce" not in at["0.6"]["policies"]
+        assert {"stated - dcs+ce", "stated - start+tau"} <= set(at["0.5"]["paired"])
+        assert "stated - dcs+ce" not in at["0.6"]["paired"]
+    assert "stated-risk DCS + CE, told t = 0.6" in straight["distributions"]["unseen"]
+
+    # killed in the middle of the stated-risk run (its checkpoint at step 3), then resumed
+    killed = tmp_path / "killed"
+    shutil.copytree(tmp_path / "straight" / "features", killed / "features")  # the same features, read back
+    real_train = experiment.train
+
+    def dying(model, train_set, dev_set, cfg, folder, *args, **kwargs):
+        if folder.name.startswith("stated"):
+            real_train(model, train_set, dev_set, cfg, folder, *args, **{**kwargs, "until": 3})
+            raise Terminated()
+        return real_train(model, train_set, dev_set, cfg, folder, *args, **kwargs)
+
+    monkeypatch.setattr(experiment, "train", dying)
+    with pytest.raises(Terminated):
+        run_experiment(SMOL, killed, **grid)
+    monkeypatch.undo()
+    assert not (killed / "results.json").exists()
+    resumed = run_experiment(SMOL, killed, **grid)
+    for key in ("by_split", "distributions", "abstention_slopes"):
+        assert resumed[key] == straight[key], key
+    assert (killed / "summary.md").read_text() == (tmp_path / "straight" / "summary.md").read_text()

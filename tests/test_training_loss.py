@@ -1,6 +1,8 @@
 """The differentiable DCS loss: value against the DCS kernel and a hand-worked CE/KL, gradients against
 finite differences, and its optimum on toy populations (Proposition 1, learned)."""
 
+from dataclasses import replace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -138,3 +140,31 @@ def test_the_arm_chosen_by_a_traced_index_has_the_gradient_of_its_own_loss():
         want = jax.jit(jax.grad(alone[arm]))(LOGITS)
         np.testing.assert_array_equal(np.asarray(traced(LOGITS, jnp.int32(i))), np.asarray(want), err_msg=arm)
     assert traced._cache_size() == 1
+
+
+def test_the_stated_risk_arm_scores_each_item_at_the_loading_its_prompt_states():
+    """cfg.stated: DCS at each item's own lw (Definition 1 per item, by hand from the softmax); without it the
+    run's lw for every item, whatever the items' stated loadings; the traced flag (the compiled update's) gives
+    the same as the Python one."""
+    from dcsjax.training.config import TrainConfig
+    from dcsjax.training.train import arm_loss, step_settings
+
+    stated_lw = jnp.array([3.0, 1.0 / 3.0], jnp.float32)  # told t = 0.75 and t = 0.25
+    probs = np.asarray(jax.nn.softmax(jnp.where(VALID, LOGITS, -jnp.inf), -1), np.float64)
+    correct, idk, valid = (np.asarray(x) for x in (CORRECT, IDK, VALID))
+
+    def by_hand(lw):  # -mean over items of (p_correct - lw p_wrong)(1 - p_idk), lc = 1
+        pc = (probs * (correct & ~idk)).sum(-1)
+        pw = (probs * (valid & ~correct & ~idk)).sum(-1)
+        return -np.mean((pc - np.asarray(lw) * pw) * (1 - (probs * idk).sum(-1)))
+
+    stated = TrainConfig(arm="dcs", stated=True, lw=1.0)
+    assert float(arm_loss(stated, LOGITS, CORRECT, IDK, VALID, None, 8.0, stated_lw=stated_lw)[0]) == pytest.approx(
+        by_hand([3.0, 1.0 / 3.0]), abs=1e-6)
+    plain = TrainConfig(arm="dcs", lw=2.0)
+    assert float(arm_loss(plain, LOGITS, CORRECT, IDK, VALID, None, 8.0, stated_lw=stated_lw)[0]) == pytest.approx(
+        by_hand([2.0, 2.0]), abs=1e-6)
+    static, weights = step_settings(stated)
+    traced = jax.jit(lambda w, x: arm_loss(replace(static, **{k: v for k, v in w.items() if k != "arm"}), x, CORRECT,
+                                           IDK, VALID, None, 8.0, w["arm"], stated_lw)[0])
+    assert float(traced(weights, LOGITS)) == pytest.approx(by_hand([3.0, 1.0 / 3.0]), abs=1e-6)

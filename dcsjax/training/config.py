@@ -24,6 +24,7 @@ class TrainConfig:
     ce_warmup: int = 50  # "dcs+ce": steps over which the loss hands over from CE to DCS
     lc: float = 1.0
     lw: float = 1.0
+    stated: bool = False  # the DCS loss and the dev selection at each item's own lw, the one its prompt states
     eval_every: int = 25
     patience: int = 4  # evaluations without a better dev score (`selection_score`) before stopping
     adapter: str = "top"

@@ -150,6 +150,16 @@ def abstention_splits(tasks: Sequence[str] = DEFAULT_TASKS, *, per_task: int | N
     return splits
 
 
+def stated_targets(items: Sequence[Item], thresholds: Sequence[float], seed: int = 0) -> list[float]:
+    """Per item, the target t its stated-risk training prompt states: drawn uniformly from `thresholds` by a
+    hash of (seed, item id), so the same for every run and machine, and independent of the item's split and
+    construction (a question's two versions draw apart)."""
+    ts = [float(t) for t in thresholds]
+    if not ts:
+        raise DcsjaxError("the stated-risk arm needs at least one target threshold to state")
+    return [ts[min(int(_hash_unit(f"stated\n{seed}\n{item.id}") * len(ts)), len(ts) - 1)] for item in items]
+
+
 def write_jsonl(items: Sequence[Item], path: Path) -> Path:
     """Items as a `jsonl:` benchmark file, so `dcsjax eval --tasks jsonl:FILE` scores exactly them."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -36,12 +36,13 @@ from dcsjax.errors import ConfigError
 from dcsjax.metrics.dcs import loadings_from_threshold as loadings, loadings_note
 from dcsjax.metrics.bootstrap import resample_indices
 from dcsjax.training.data import (
-    CONSTRUCTIONS, DEFAULT_PER_TASK, DEFAULT_TASKS, SPLITS, TEST_SPLITS, UNSEEN_SHARE, abstention_splits, write_jsonl,
+    CONSTRUCTIONS, DEFAULT_PER_TASK, DEFAULT_TASKS, SPLITS, TEST_SPLITS, UNSEEN_SHARE, abstention_splits, stated_targets,
+    write_jsonl,
 )
 from dcsjax.training.features import letter_features, load_features, save_features
 from dcsjax.training.policies import (
-    DISTRIBUTION_LABELS, METRIC_LABELS, distribution_metrics, outcomes, own_choice, paired, refusal_targets, summarise,
-    thresholded, tune_threshold, uniform_answerer,
+    ABSTAIN, DISTRIBUTION_LABELS, METRIC_LABELS, distribution_metrics, outcomes, own_choice, paired, refusal_targets,
+    summarise, thresholded, tune_threshold, uniform_answerer,
 )
 from dcsjax.eval.tables import render
 from dcsjax.training.config import ARMS
@@ -52,14 +53,16 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def cached_features(scorer, items, split: str, folder: Path, top_layers: int, lc: float, lw: float, progress: bool):
+def cached_features(scorer, items, split: str, folder: Path, top_layers: int, lc: float, lw: float, progress: bool,
+                    stated: Sequence[float] | None = None):
     """A split's frozen-layer features, computed once and kept in `folder` (keyed by what they depend on,
-    so changing the weights, the layers, the items or the code recomputes them)."""
+    so changing the weights, the layers, the items, the targets stated or the code recomputes them).
+    stated: per item, the target its stated-risk prompt states (`features.letter_features`)."""
     from dcsjax.eval.results import code_version
 
     model = scorer.model_fingerprint or {"name": scorer.name}  # the weights' digest, not only their name
     key = {"code": code_version(), "model": model, "top_layers": top_layers, "lc": lc, "lw": lw,
-           "items": [i.id for i in items]}
+           "items": [i.id for i in items], **({} if stated is None else {"stated": [float(t) for t in stated]})}
     path, meta = folder / f"{split}.npz", folder / f"{split}.json"
     if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == key:
         return load_features(path)
@@ -67,25 +70,33 @@ def cached_features(scorer, items, split: str, folder: Path, top_layers: int, lc
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with tqdm(total=len(items), desc=f"frozen layers: {split}", disable=not progress, file=sys.stderr) as bar:
-        features = letter_features(scorer, items, top_layers, lc=lc, lw=lw, progress=bar.update)
+        features = letter_features(scorer, items, top_layers, lc=lc, lw=lw, stated=stated, progress=bar.update)
     save_features(features, path)
     meta.write_text(json.dumps(key))
     return features
 
 
 THRESHOLDS = (0.25, 0.5, 0.75)
+STATED_ONLY = (0.6, 0.9)  # targets the stated-risk arm is told at test and never trained on
 POLICY_LABELS = {"uniform": "uniform answerer (chance)", "start": "starting model, own choice", "start+tau": "starting model + threshold",
                  "ce+tau": "cross-entropy + threshold", "dcs": "DCS at t", "dcs+ce": "DCS + CE at t",
                  "dcs+tau": "DCS at t + threshold", "dcs+ce+tau": "DCS + CE at t + threshold",
-                 "refusal": "refusal targets (R-Tuning), own choice"}
+                 "refusal": "refusal targets (R-Tuning), own choice",
+                 "start-stated": "starting model told t, own choice",
+                 "stated": "stated-risk DCS + CE, told t, own choice"}
 BASELINES = ("start+tau", "ce+tau", "refusal")
 # The arms an experiment trains: the losses of `config.ARMS`, and R-Tuning's refusal baseline (Zhang et al.,
 # NAACL 2024): cross-entropy on the starting model's own answers relabelled (`policies.refusal_targets`: the
 # gold option where its answer was right, IDK where it was wrong), with the same adapters, steps and dev
-# selection (on the true labels) as every arm. Neither CE arm has a threshold of its own.
-EXPERIMENT_ARMS = (*ARMS, "refusal")
-UNTHRESHOLDED = ("ce", "refusal")
-DCS_POLICIES = ("dcs", "dcs+ce", "dcs+tau", "dcs+ce+tau")  # paired against each baseline
+# selection (on the true labels) as every arm. Neither CE arm has a threshold of its own. And the stated-risk
+# arm (Kalai et al. 2025's stated confidence targets): one DCS + CE model for every t, each training prompt
+# stating a target drawn from the thresholds (`data.stated_targets`, the stated-risk protocol's letters prompt)
+# and its DCS at that target's loadings; at test it is told each t, the trained ones and `STATED_ONLY`.
+EXPERIMENT_ARMS = (*ARMS, "refusal", "stated")
+UNTHRESHOLDED = ("ce", "refusal", "stated")  # trained once, for every t
+DCS_POLICIES = ("dcs", "dcs+ce", "dcs+tau", "dcs+ce+tau", "stated")  # paired against each baseline
+# ... and the stated-risk model against one DCS + CE model per t, where there is one at that t
+PAIRED_WITH = {"stated": ("dcs+ce",)}
 
 
 def run_dir(out: Path, adapter: str, arm: str, seed: int, t: float | None) -> Path:
@@ -120,7 +131,8 @@ def run_grid(base: TrainConfig, adapters: Sequence[str], arms: Sequence[str], th
         for arm, t in [(arm, t) for arm in arms for t in ([None] if arm in UNTHRESHOLDED else ts)]:
             lc, lw = (base.lc, base.lw) if t is None else loadings(t)
             for seed in adapter_seeds:
-                cfg = replace(base, arm="ce" if arm == "refusal" else arm, seed=seed, lc=lc, lw=lw, adapter=adapter)
+                loss = {"refusal": "ce", "stated": "dcs+ce"}.get(arm, arm)
+                cfg = replace(base, arm=loss, seed=seed, lc=lc, lw=lw, adapter=adapter, stated=arm == "stated")
                 if adapter == "lora" and lora_steps:
                     cfg = replace(cfg, steps=lora_steps, eval_every=min(cfg.eval_every, lora_steps))
                 specs.append(RunSpec(adapter, arm, t, seed, cfg, seed == adapter_seeds[0]))
@@ -133,7 +145,7 @@ def cached_logits(path: Path, key: dict, compute) -> np.ndarray:
     per model when a rerun resumes finished runs) only when the key, the code version included, is the same."""
     from dcsjax.eval.results import code_version
 
-    data, meta = path.with_suffix(".npy"), path.with_suffix(".json")
+    data, meta = (path.parent / (path.name + suffix) for suffix in (".npy", ".json"))  # names may hold "t0.6"
     key = {"code": code_version(), **key}
     if data.is_file() and meta.is_file() and json.loads(meta.read_text()) == key:
         return np.load(data)
@@ -149,6 +161,7 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
                    seeds: Sequence[int] = (0, 1, 2), adapters: Sequence[str] = ("top",), top_layers: int = 2,
                    lora_layers: int | None = None, lora_seeds: Sequence[int] | None = None,
                    lora_steps: int | None = None, lora_thresholds: Sequence[float] | None = None,
+                   stated_thresholds: Sequence[float] = STATED_ONLY,
                    fractions: tuple[float, float, float] = (0.6, 0.2, 0.2), unseen_share: float = UNSEEN_SHARE,
                    base: TrainConfig = TrainConfig(), export_threshold: float | None = 0.5,
                    export_adapter: str | None = None, n_boot: int = 1000, mesh=None, progress: bool = True) -> dict:
@@ -157,7 +170,9 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     whole model's forward and backward do).
     The first DCS arm's seed-0 model at `export_threshold` (with `export_adapter`, default the first one)
     is saved to OUT/model, merged. unseen_share, fractions: the split (`data.abstention_splits`): the share of
-    subjects held out whole, and how the others' questions divide among train, dev and in-domain test."""
+    subjects held out whole, and how the others' questions divide among train, dev and in-domain test.
+    stated_thresholds: with the "stated" arm, the targets it is told at test besides `thresholds` (those it
+    trains on); the starting model is told each of them too."""
     import dcsjax
 
     started = time.time()
@@ -168,7 +183,8 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
             raise ValueError(f"unknown arm {arm!r}: one of {', '.join(EXPERIMENT_ARMS)} (the starting model is always "
                              "scored)")
     thresholds = [float(t) for t in thresholds]
-    for t in thresholds:
+    told = sorted(set(thresholds) | {float(t) for t in stated_thresholds}) if "stated" in arms else []
+    for t in [*thresholds, *told]:
         loadings(t)  # refuses t outside (0, 1)
     scorer = dcsjax.load(model, progress=progress)
     c = scorer.config
@@ -215,23 +231,48 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
                                     features[top_layers][s]) for s in start_splits}
     # the refusal baseline's labels: the same items in every adapter's features, so one set of targets
     refusal = refusal_targets(start_dists["train"]) if "refusal" in arms else None
+    # the stated-risk arm's prompts: training and dev items each told a target drawn from the thresholds, the
+    # test splits told each target in turn ("unseen@0.6"); the starting model read on the test prompts too
+    stated_features: dict[int, dict] = {}
+    if told:
+        targets = {s: stated_targets(splits[s], thresholds) for s in ("train", "dev")}
+        for k in sorted(trained | {top_layers}):
+            tic, folder = time.time(), out / "features" / f"top{k}"
+            f = {s: cached_features(scorer, splits[s], f"stated-{s}", folder, k, 1.0, 1.0, progress, targets[s])
+                 for s in ("train", "dev") if k in trained}
+            for s in tests:
+                for t in told:
+                    f[f"{s}@{t:g}"] = cached_features(scorer, splits[s], f"stated-{s}-t{t:g}", folder, k, 1.0, 1.0,
+                                                      progress, [t] * len(splits[s]))
+            stated_features[k] = f
+            timings[f"features_stated_top{k}"] = round(time.time() - tic, 1)
+        for key, feats in stated_features[top_layers].items():
+            if "@" in key:
+                meta = start_folder / f"stated-{key.replace('@', '-t')}.json"
+                start_dists[key] = distributions(cached_logits(
+                    start_folder / f"start_stated_{key.replace('@', '-t')}_logits",
+                    {"features": json.loads(meta.read_text()) if meta.is_file() else None},
+                    lambda: predict_logits(c, start, embedding, feats)), feats)
 
-    # every trained model: (adapter, arm, t or None) -> per seed {"dev", *tests} distributions
+    # every trained model: (adapter, arm, t or None) -> per seed {"dev", *tests} distributions (the stated-risk
+    # model: {"dev", "<test split>@<t>" for every t it is told})
     models: dict[tuple, list[dict]] = {}
     histories: dict[str, list[list[dict]]] = {}
     per_run: list[dict] = []
     exported = None
     for spec in run_grid(base, adapters, arms, thresholds, seeds, lora_seeds, lora_steps, lora_thresholds):
         adapter, arm, t, seed, k = spec.adapter, spec.arm, spec.t, spec.seed, depth[spec.adapter]
-        f, folder = features[k], spec.folder(out)
+        f, folder = (stated_features if arm == "stated" else features)[k], spec.folder(out)
+        read = [key for key in f if "@" in key] if arm == "stated" else tests  # what it is scored on
         # (a LetterFeatures' len is its item count, which NamedTuple's _replace would take for its field count)
         train_set = type(f["train"])(**{**f["train"]._asdict(), "correct": refusal}) if arm == "refusal" else f["train"]
         result = train(scorer.model, train_set, f["dev"], spec.cfg, folder, k, progress=progress, log=_log, mesh=mesh)
         # a run folder's settings are fixed (its config.json): the same best step is the same model
         run_key = {"steps": result["steps"], "best_step": result["best_step"], "best_score": result["best_score"]}
-        dists = {split: distributions(cached_logits(folder / f"{split}_logits", run_key | {"items": len(f[split])},
+        dists = {split: distributions(cached_logits(folder / f"{split.replace('@', '-t')}_logits",
+                                                    run_key | {"items": len(f[split])},
                                                     lambda: predict_logits(c, result["best"], embedding, f[split])),
-                                      f[split]) for split in ("dev", *tests)}
+                                      f[split]) for split in ("dev", *read)}
         models.setdefault((adapter, arm, t), []).append(dists)
         histories.setdefault(f"{adapter} {arm}" + ("" if t is None else f" t={t:g}"), []).append(result["history"])
         per_run.append({"adapter": adapter, "arm": arm, "t": t, "seed": seed, "best_step": result["best_step"],
@@ -246,11 +287,16 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
                "lora_layers": depth["lora"] if "lora" in adapters else None, "adapters": list(adapters),
                "config": asdict(base), "seeds": list(seeds), "lora_seeds": list(lora_seeds or seeds), "lora_steps": lora_steps,
                "lora_thresholds": [float(t) for t in lora_thresholds] if lora_thresholds else None,
-               "thresholds": thresholds, "splits": counts, "runs": per_run, "n_boot": n_boot}
+               "thresholds": thresholds, "stated_thresholds": told, "splits": counts, "runs": per_run,
+               "n_boot": n_boot}
     results["tests"] = tests
+    scored = sorted(set(thresholds) | set(told))  # the stated-risk model is scored at every t it is told
     results["by_split"] = {split: {f"{t:g}": threshold_results(t, start_dists, models, split, kinds[split], n_boot)
-                                   for t in thresholds} for split in tests}
-    results["distributions"] = {split: model_metrics(start_dists, models, split, n_boot) for split in tests}
+                                   for t in scored} for split in tests}
+    results["distributions"] = {split: model_metrics(start_dists, models, split, n_boot, told) for split in tests}
+    if told:
+        results["abstention_slopes"] = {split: abstention_slopes(start_dists, models, split, told, n_boot)
+                                        for split in tests}
     results["histories"] = histories
     if exported is not None:
         adapter, arm, t, seed, params, k = exported
@@ -290,6 +336,9 @@ def threshold_results(t: float, start: dict, models: dict, split: str, kind: np.
     policies["start"] = (outcomes([start[split]], [own_choice(start[split])], lw, soft=True), {})
     policies["start+tau"] = (outcomes([start[split]], [thresholded(start[split], tau)], lw, soft=True),
                              {"tau": [tau]})
+    told = f"{split}@{t:g}"  # the stated-risk prompts at t, where the experiment has them
+    if told in start:
+        policies["start-stated"] = (outcomes([start[told]], [own_choice(start[told])], lw, soft=True), {})
 
     def with_threshold(runs: list[dict]) -> tuple:
         """Each run thresholded post hoc, its tau tuned on its own dev split: the baselines' rule exactly.
@@ -305,6 +354,10 @@ def threshold_results(t: float, start: dict, models: dict, split: str, kind: np.
         elif arm == "refusal":  # as R-Tuning uses it: the trained model's own choice, IDK its refusal
             policies["refusal" + suffix] = (outcomes([r[split] for r in runs], [own_choice(r[split]) for r in runs],
                                                      lw, soft=True), {})
+        elif arm == "stated":  # one model for every t, told this one: its own choice
+            if told in runs[0]:
+                policies["stated" + suffix] = (outcomes([r[told] for r in runs], [own_choice(r[told]) for r in runs],
+                                                        lw, soft=True), {})
         elif at == t:
             policies[arm + suffix] = (outcomes([r[split] for r in runs], [own_choice(r[split]) for r in runs], lw,
                                                soft=True), {})
@@ -314,9 +367,10 @@ def threshold_results(t: float, start: dict, models: dict, split: str, kind: np.
     for name, (o, info) in policies.items():
         entry["policies"][name] = {"metrics": summarise(o, kind, indices), "seeds": int(o.gain.shape[0]), **info}
     for name, (o, _) in policies.items():
-        if name.split(" ")[0] in DCS_POLICIES:
-            suffix = name[len(name.split(" ")[0]):]
-            for baseline in BASELINES:
+        head = name.split(" ")[0]
+        if head in DCS_POLICIES:
+            suffix = name[len(head):]
+            for baseline in (*BASELINES, *PAIRED_WITH.get(head, ())):
                 for other in (baseline + suffix, baseline):
                     if other in policies and f"{name} - {other}" not in entry["paired"]:
                         entry["paired"][f"{name} - {other}"] = paired(o, policies[other][0], indices)
@@ -324,20 +378,53 @@ def threshold_results(t: float, start: dict, models: dict, split: str, kind: np.
 
 
 MODEL_LABELS = {"start": "starting model", "ce": "cross-entropy", "refusal": "refusal targets (R-Tuning)",
-                "dcs": "DCS", "dcs+ce": "DCS + CE"}
+                "dcs": "DCS", "dcs+ce": "DCS + CE", "stated": "stated-risk DCS + CE"}
 
 
 def model_label(adapter: str, arm: str, t: float | None) -> str:
     return MODEL_LABELS[arm] + ("" if t is None else f" at t = {t:g}") + ("" if adapter == "top" else f" ({adapter})")
 
 
-def model_metrics(start: dict, models: dict, split: str, n_boot: int) -> dict:
+def told_label(label: str, t: float) -> str:
+    return f"{label}, told t = {t:g}"
+
+
+def model_metrics(start: dict, models: dict, split: str, n_boot: int, told: Sequence[float] = ()) -> dict:
     """Each model's own distribution on a test split, whatever t (`policies.DISTRIBUTION_LABELS`): the starting
-    model and every trained one (seeds pooled), on the same item resamples."""
+    model and every trained one (seeds pooled), on the same item resamples; the starting model and the
+    stated-risk model once per target they are told (`told`)."""
     indices = resample_indices(len(start[split].probs), n_boot, seed=0)
     rows = {"starting model": distribution_metrics([start[split]], indices)}
+    for t in told:
+        rows[told_label("starting model", t)] = distribution_metrics([start[f"{split}@{t:g}"]], indices)
     for key, runs in models.items():
-        rows[model_label(*key)] = distribution_metrics([r[split] for r in runs], indices)
+        if key[1] == "stated":
+            for t in told:
+                rows[told_label(model_label(*key), t)] = distribution_metrics([r[f"{split}@{t:g}"] for r in runs],
+                                                                              indices)
+        else:
+            rows[model_label(*key)] = distribution_metrics([r[split] for r in runs], indices)
+    return rows
+
+
+def abstention_slopes(start: dict, models: dict, split: str, told: Sequence[float], n_boot: int) -> dict:
+    """Does abstention follow the stated target? Per model told every t (the starting model, the stated-risk
+    one): the per-item least-squares slope of its abstention (own choice IDK; a share over seeds) on t
+    (`protocols.stated.slopes_on`), its mean over items -> [slope, 95% interval over item resamples]."""
+    from dcsjax.eval.protocols.stated import slopes_on
+    from dcsjax.metrics.bootstrap import percentile_interval
+
+    indices = resample_indices(len(start[split].probs), n_boot, seed=0)
+
+    def slope(per_seed: list[list]) -> list[float]:  # [seeds][targets] distributions
+        abstained = np.mean([[own_choice(d) == ABSTAIN for d in by_t] for by_t in per_seed], axis=0)  # [T, N]
+        per_item = slopes_on(told, abstained.T)
+        return [float(per_item.mean()), *percentile_interval(per_item[indices].mean(-1))]
+
+    rows = {"starting model": slope([[start[f"{split}@{t:g}"] for t in told]])}
+    for key, runs in models.items():
+        if key[1] == "stated":
+            rows[model_label(*key)] = slope([[r[f"{split}@{t:g}"] for t in told] for r in runs])
     return rows
 
 
@@ -367,6 +454,13 @@ def summary_table(results: dict) -> str:
         lines += ["Each model's own distribution, whatever t: its forced answer's confidence against its correctness "
                   "(AP higher is better; ECE, Brier and AURC lower).", "",
                   render(["model", *DISTRIBUTION_LABELS.values()], body, "markdown", numeric=range(1, 5)), ""]
+        if results.get("abstention_slopes"):
+            told = ", ".join(f"{t:g}" for t in results["stated_thresholds"])
+            lines += [f"Does abstention follow the target stated in the prompt (told t = {told}; trained on "
+                      f"{', '.join(f'{t:g}' for t in results['thresholds'])})? The per-item least-squares slope of "
+                      "abstention on t, mean over items (0: the stated target is ignored):", ""]
+            lines += [f"- {name}: {v:+.3f} [{lo:+.3f}, {hi:+.3f}] per unit of t"
+                      for name, (v, lo, hi) in results["abstention_slopes"][split].items()] + [""]
         lines += _threshold_tables(results["by_split"][split])
     return "\n".join(lines)
 
@@ -450,7 +544,11 @@ def plot_risk_coverage(start: dict, models: dict, tests: list[str], results: dic
     for ax, split in zip(axes[0], tests):
         curves = {"starting model": start[split]}
         for key, runs in models.items():
-            curves[model_label(*key)] = runs[0][split]
+            if key[1] == "stated":  # told the middle target
+                t = results["stated_thresholds"][len(results["stated_thresholds"]) // 2]
+                curves[told_label(model_label(*key), t)] = runs[0][f"{split}@{t:g}"]
+            else:
+                curves[model_label(*key)] = runs[0][split]
         for name, d in curves.items():
             coverage, risk = risk_coverage(d)
             aurc = results["distributions"][split][name]["aurc"][0]

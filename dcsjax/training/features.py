@@ -25,6 +25,7 @@ from dcsjax.engine.packing import round_up
 from dcsjax.metrics.calibration import option_masks
 from dcsjax.nn.decoder import right_padded
 from dcsjax.eval.protocols.dcs import letters_context
+from dcsjax.eval.protocols.stated import instruction, penalty
 
 
 class LetterFeatures(NamedTuple):
@@ -39,6 +40,7 @@ class LetterFeatures(NamedTuple):
     correct: np.ndarray  # [N, K] bool (on an unanswerable item: the IDK option only)
     idk: np.ndarray  # [N, K] bool
     valid: np.ndarray  # [N, K] bool
+    lw: np.ndarray  # [N] float32: the cost of a wrong answer that each prompt states (lc = 1)
 
     def __len__(self) -> int:
         return len(self.length)
@@ -62,11 +64,17 @@ def cut_length(length: np.ndarray) -> int:
     return round_up(int(np.max(length)))
 
 
-def letter_prompts(scorer, items: Sequence[Item], lc: float = 1.0, lw: float = 1.0):
-    """Per item: (prompt token ids with the document start, [letter token id per option], idk index)."""
+def letter_prompts(scorer, items: Sequence[Item], lc: float = 1.0, lw: float = 1.0,
+                   stated: Sequence[float] | None = None):
+    """Per item: (prompt token ids with the document start, [letter token id per option], idk index).
+    stated: per item, the target t that its prompt states (the stated-risk protocol's letters prompt,
+    `stated.instruction`) in place of the cost line at (lc, lw)."""
     out = []
-    for item in items:
-        context, letters, idk = letters_context(scorer, item, lc, lw)
+    for k, item in enumerate(items):
+        if stated is None:
+            context, letters, idk = letters_context(scorer, item, lc, lw)
+        else:
+            context, letters, idk = letters_context(scorer, item, 1.0, penalty(stated[k]), instruction(stated[k]))
         ids, letter_ids = None, []
         for j, letter in enumerate(letters):
             ctx, cont = scorer.split_encode(context, letter, j)
@@ -86,14 +94,17 @@ def _frozen_residual(graphdef, state, num_layers: int, tokens, length):
 
 
 def letter_features(scorer, items: Sequence[Item], top_layers: int, *, lc: float = 1.0, lw: float = 1.0,
-                    batch_size: int = 8, progress=None) -> LetterFeatures:
-    """The residual after the first (L - top_layers) layers for every item's letters prompt. Prompts run
-    shortest first, each batch cut to its longest prompt (`cut_length`): one compile per length, and no
-    prompt pays for the longest one's padding."""
+                    stated: Sequence[float] | None = None, batch_size: int = 8, progress=None) -> LetterFeatures:
+    """The residual after the first (L - top_layers) layers for every item's letters prompt (at (lc, lw), or
+    stating each item's target t from `stated`: the stated-risk prompt). Prompts run shortest first, each
+    batch cut to its longest prompt (`cut_length`): one compile per length, and no prompt pays for the
+    longest one's padding."""
+    if stated is not None and len(stated) != len(items):
+        raise InputError(f"{len(stated)} stated targets for {len(items)} items")
     c = scorer.config
     if not 1 <= top_layers <= c.num_layers:
         raise InputError(f"top_layers must lie in 1..{c.num_layers}, not {top_layers}")
-    prompts = letter_prompts(scorer, items, lc, lw)
+    prompts = letter_prompts(scorer, items, lc, lw, stated)
     n, k_max = len(items), max(len(letters) for _, letters, _ in prompts)
     length = np.array([len(ids) for ids, _, _ in prompts], np.int32)
     offset = np.concatenate([[0], np.cumsum(length[:-1], dtype=np.int64)]).astype(np.int64)
@@ -117,7 +128,8 @@ def letter_features(scorer, items: Sequence[Item], top_layers: int, *, lc: float
             hidden[offset[i]:offset[i] + length[i]] = out[r, :length[i]]
         if progress is not None:
             progress(len(rows))
-    return LetterFeatures(hidden, offset, length, letters, correct, idk, valid)
+    stated_lw = np.full(n, lw / lc) if stated is None else np.array([penalty(t) for t in stated])
+    return LetterFeatures(hidden, offset, length, letters, correct, idk, valid, stated_lw.astype(np.float32))
 
 
 def save_features(features: LetterFeatures, path) -> None:

@@ -59,9 +59,10 @@ def plan_training(config: DecoderConfig, mesh, chip: Chip, cfg: TrainConfig = Tr
              jax.ShapeDtypeStruct((a, b, k), jnp.int32, sharding=rows),
              *(jax.ShapeDtypeStruct((a, b, k), jnp.bool_, sharding=rows) for _ in range(3)))
     start = jax.ShapeDtypeStruct((a, b, k), F32, sharding=rows)
+    stated_lw = jax.ShapeDtypeStruct((a, b), F32, sharding=rows)
     step = jax.ShapeDtypeStruct((), F32, sharding=NamedSharding(mesh, P()))
     static, weights = step_settings(cfg)
-    args = (config, static, optimizer, weights, trainable, opt_state, base, embedding, batch, start, step)
+    args = (config, static, optimizer, weights, trainable, opt_state, base, embedding, batch, start, stated_lw, step)
     _, memory, seconds = compile_memory(_train_step, *args)
     cost = cost_of(timed_compile(unrolled_jit(_train_step, static_argnums=(0, 1, 2)), *args)[0])
     used = memory["argument_bytes"] + memory["temp_bytes"] + memory["code_bytes"]

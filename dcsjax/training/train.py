@@ -137,11 +137,15 @@ def letter_logits(c, params: dict, output_embedding: jax.Array, hidden: jax.Arra
 
 
 # ------------------------------------------------------------------------------------------------ loss
-def arm_loss(cfg: TrainConfig, logits, correct, idk, valid, start_logits, step, arm=None) -> tuple[jax.Array, dict]:
+def arm_loss(cfg: TrainConfig, logits, correct, idk, valid, start_logits, step, arm=None, stated_lw=None
+             ) -> tuple[jax.Array, dict]:
     """The arm's loss and the step's statistics. arm: the index of the arm in `ARMS`, a traced value in the
     compiled update (so that the CE and DCS arms of a grid share one program; the arms not chosen get a zero
-    cotangent, which adds exactly nothing to the gradient); None: `cfg.arm`."""
-    parts = dcs_loss(logits, correct, idk, valid, lc=cfg.lc, lw=cfg.lw, start_logits=start_logits)
+    cotangent, which adds exactly nothing to the gradient); None: `cfg.arm`. stated_lw [N]: the cost of a wrong
+    answer each item's prompt states, DCS's lw for that item where `cfg.stated` (the stated-risk arm: one model
+    told its target per example), else cfg.lw for all."""
+    lw = cfg.lw if stated_lw is None else jnp.where(cfg.stated > 0, stated_lw, cfg.lw)
+    parts = dcs_loss(logits, correct, idk, valid, lc=cfg.lc, lw=lw, start_logits=start_logits)
     full_ce = option_ce(logits, correct, valid)
     ramp = jnp.minimum(1.0, step / cfg.ce_warmup) if cfg.ce_warmup > 0 else 1.0
     by_arm = jnp.stack([full_ce, -parts.dcs, -ramp * parts.dcs + (cfg.beta + 1.0 - ramp) * parts.ce])  # ARMS' order
@@ -162,8 +166,8 @@ def _optimizer(learning_rate: float, warmup_steps: int, steps: int, weight_decay
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=weight_decay))
 
 
-LOSS_WEIGHTS = ("lc", "lw", "beta", "gamma")  # traced by the compiled update (the arm too): one compile serves every
-# threshold and arm
+LOSS_WEIGHTS = ("lc", "lw", "beta", "gamma", "stated")  # traced by the compiled update (the arm too): one compile
+# serves every threshold and arm
 
 
 def step_settings(cfg: TrainConfig) -> tuple[TrainConfig, dict]:
@@ -191,26 +195,26 @@ def batch_indices(seed: int, step: int, accumulate: int, batch_size: int, n: int
 
 @partial(jax.jit, static_argnums=(0, 1, 2))
 def _train_step(c, cfg: TrainConfig, optimizer, weights, params, opt_state, base, embedding, batch, start_logits,
-                step):
+                stated_lw, step):
     """One update of the trainable `params` (the adapter's; `base` the frozen top parameters) from
-    `accumulate` micro-batches (leading axis of every batch array), grads summed. (cfg, weights) as
-    `step_settings` splits a run's settings."""
+    `accumulate` micro-batches (leading axis of every batch array, of `start_logits` and of `stated_lw`), grads
+    summed. (cfg, weights) as `step_settings` splits a run's settings."""
     weights = dict(weights)
     arm = weights.pop("arm")
     cfg = replace(cfg, **weights)
 
     def micro(grads, mb):
-        (hidden, length, letters, correct, idk, valid), start = mb
+        (hidden, length, letters, correct, idk, valid), start, stated_lw = mb
 
         def loss_fn(p):
             logits = letter_logits(c, adapted(cfg, p, base, factored=True), embedding, hidden, length, letters)
-            return arm_loss(cfg, logits, correct, idk, valid, start, step, arm)
+            return arm_loss(cfg, logits, correct, idk, valid, start, step, arm, stated_lw)
 
         (_, stats), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
         return jax.tree.map(jnp.add, grads, g), stats
 
     zeros = jax.tree.map(jnp.zeros_like, params)
-    grads, stats = jax.lax.scan(micro, zeros, (batch, start_logits))
+    grads, stats = jax.lax.scan(micro, zeros, (batch, start_logits, stated_lw))
     grads = jax.tree.map(lambda g: g / cfg.accumulate, grads)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, jax.tree.map(jnp.mean, stats)
@@ -250,7 +254,8 @@ def selection_score(cfg: TrainConfig, logits: np.ndarray, dev: LetterFeatures) -
     """What picks a run's best step and stops it early, on the dev split: the arm's own objective. DCS at
     the run's loadings for the DCS arms; minus the cross-entropy for "ce" (plain fine-tuning selects by its
     own loss, not by the score it is compared on: thresholding it for that score comes afterwards)."""
-    return float(_selection_score(cfg.arm == "ce", cfg.lc, cfg.lw, logits, dev.correct, dev.idk, dev.valid))
+    lw = dev.lw if cfg.stated else cfg.lw  # the stated-risk arm: each dev item at the loading its prompt states
+    return float(_selection_score(cfg.arm == "ce", cfg.lc, lw, logits, dev.correct, dev.idk, dev.valid))
 
 
 @partial(jax.jit, static_argnums=(0,))  # one program per arm kind and split shape (op by op: dozens)
@@ -420,12 +425,11 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
     while state.step < last_step and not state.progress["stopped"]:
         stop_point()
         idx = batch_indices(cfg.seed, state.step, cfg.accumulate, cfg.batch_size, len(train_set))
-        batch = train_set.batch(idx)
-        start = start_logits[idx]
+        batch, start, stated_lw = train_set.batch(idx), start_logits[idx], train_set.lw[idx]
         if mesh is not None:
-            batch, start = jax.device_put((batch, start), batch_on_mesh(mesh, cfg.batch_size))
+            batch, start, stated_lw = jax.device_put((batch, start, stated_lw), batch_on_mesh(mesh, cfg.batch_size))
         state.params, state.opt_state, step_stats = _train_step(
-            c, static, optimizer, weights, state.params, state.opt_state, base, embedding, batch, start,
+            c, static, optimizer, weights, state.params, state.opt_state, base, embedding, batch, start, stated_lw,
             jnp.asarray(state.step, jnp.float32))
         state.progress["step"] += 1
         stats = {f"train_{k}": float(v) for k, v in step_stats.items()}

@@ -160,9 +160,15 @@ def chance(records: list[dict]) -> float | None:
 def abstention_slope(records: list[dict]) -> np.ndarray:
     """Per item, the least-squares slope of its stated abstention (0/1) on t: the paired read-out of whether
     abstention rises with the stated target (0 for a model that ignores it)."""
-    t = np.asarray(records[0]["thresholds"], np.float64)
     abstained = np.asarray([[s["abstained"] for s in r["stated"]] for r in records], np.float64)  # [N, T]
+    return slopes_on(records[0]["thresholds"], abstained)
+
+
+def slopes_on(thresholds: Sequence[float], abstained: np.ndarray) -> np.ndarray:
+    """abstained [N, T] (0/1, or a share over seeds) at the targets [T] -> [N] per-item least-squares slopes."""
+    t = np.asarray(thresholds, np.float64)
     centred = t - t.mean()
+    abstained = np.asarray(abstained, np.float64)
     return (abstained - abstained.mean(1, keepdims=True)) @ centred / (centred @ centred)
 
 
