@@ -27,9 +27,22 @@ class RuleFollower:
     is_instruct = False
     document_start_id = 0
 
-    def __init__(self, confidence: float = 0.7, knows: bool = True):
-        self.confidence, self.knows = confidence, knows
-        self.tokenizer = SimpleNamespace(chat_template=None)
+    def __init__(self, confidence: float = 0.7, knows: bool = True, reply: str | None = None):
+        self.confidence, self.knows, self.fixed_reply = confidence, knows, reply
+        # the generation read-out: a "token" is a whole text, so a prompt is [document start, text] and a reply
+        # decodes to itself
+        self.tokenizer = SimpleNamespace(chat_template=None, decode=lambda tokens, skip_special_tokens=False:
+                                         tokens if isinstance(tokens, str) else tokens[-1])
+
+    def encode(self, texts):
+        return [[text] for text in texts]
+
+    def reply(self, prompt: str) -> str:
+        """Its greedy answer to APX's prompt: the letter of its most probable option (or `reply`, whatever)."""
+        if self.fixed_reply is not None:
+            return self.fixed_reply
+        texts = re.findall(r"^([A-Z])\. (.*)$", prompt, flags=re.M)
+        return texts[int(np.argmax(self.probs(prompt, [text for _, text in texts])))][0]
 
     def probs(self, prompt: str, shown: list[str]) -> np.ndarray:
         """Its distribution over the options as shown (texts), the abstention option among them."""
@@ -61,6 +74,15 @@ class RuleFollower:
     def option_logprobs(self, contexts, continuations):  # the sequences read-out: one token an option
         return [[np.array([np.log(p)]) for p in self.probs(c, [x.strip() for x in conts])]
                 for c, conts in zip(contexts, continuations)]
+
+
+@pytest.fixture
+def replies(monkeypatch):
+    """greedy_generate on the fake model: its reply to each prompt's text."""
+    import dcsjax.engine.generate as generate
+
+    monkeypatch.setattr(generate, "greedy_generate",
+                        lambda scorer, prompts, max_new_tokens: [scorer.reply(p[-1]) for p in prompts])
 
 
 def context(model):
@@ -110,7 +132,8 @@ def test_the_sequences_read_out_states_the_rule_before_the_question_and_no_lette
     assert not protocols.get("stated-risk-sequences").letters  # no rotations: the order cannot matter
 
 
-@pytest.mark.parametrize("protocol", ["stated-risk", "stated-risk-sequences"])
+@pytest.mark.usefixtures("replies")
+@pytest.mark.parametrize("protocol", ["stated-risk", "stated-risk-sequences", "stated-risk-generate"])
 def test_dcs_per_target_equals_numpy_on_the_same_probabilities(protocol):
     for model in (RuleFollower(0.7, knows=True), RuleFollower(0.8, knows=False)):
         records, _ = records_of(model, protocol=protocol)
@@ -124,7 +147,8 @@ def test_dcs_per_target_equals_numpy_on_the_same_probabilities(protocol):
             assert r["dcs"] == pytest.approx(np.mean([s["dcs"] for s in r["stated"]]))
 
 
-@pytest.mark.parametrize("protocol", ["stated-risk", "stated-risk-sequences"])
+@pytest.mark.usefixtures("replies")
+@pytest.mark.parametrize("protocol", ["stated-risk", "stated-risk-sequences", "stated-risk-generate"])
 def test_a_model_that_follows_the_stated_target_has_the_known_slope_and_agrees_with_its_implied_policy(protocol):
     """Confidence 0.7: it answers at t = 0 and 0.5 and abstains at 0.75 and 0.9. Its per-item slope is the
     least-squares slope of (0, 0, 1, 1) on t; its unstated confidence (0.7 among the options) implies the same
@@ -138,7 +162,8 @@ def test_a_model_that_follows_the_stated_target_has_the_known_slope_and_agrees_w
     assert summary["abstention_slope"]["value"] == pytest.approx(want)
     assert summary["abstention_slope"]["ci95"] == pytest.approx([want, want])  # every item the same
     for t, m in summary["by_t"].items():
-        assert m["agrees_with_implied"] == 1.0
+        # a generated reply has no confidence, so implies no policy
+        assert m["agrees_with_implied"] == (None if protocol == "stated-risk-generate" else 1.0)
         assert m["answer_rate"] == (1.0 if float(t) < 0.7 else 0.0)
         assert m["accuracy_answered"] == (1.0 if float(t) < 0.7 else None)
         assert m["truthfulness"] == (1.0 if float(t) < 0.7 else 0.0)  # answered right, or abstained
@@ -147,6 +172,36 @@ def test_a_model_that_follows_the_stated_target_has_the_known_slope_and_agrees_w
     assert ignores["abstention_slope"]["value"] == 0.0
     assert ignores["by_t"]["0.75"]["truthfulness"] == pytest.approx(-3.0)
     assert ignores["by_t"]["0.75"]["hallucination_rate"] == 1.0
+
+
+@pytest.mark.usefixtures("replies")
+@pytest.mark.parametrize("t, said", [(0.5, "1"), (0.9, "9")])
+def test_the_generation_read_out_asks_as_apx_with_the_rule_before_the_closing_question(t, said):
+    """APX's prompt (its system prompt, the lettered options with the abstention option among them) with the rule
+    on the line before "The correct answer is:"; the reply's letter is the decision, all its mass on that option;
+    a reply naming no option is a wrong answer (DCS -lw), never an abstention, with its reason kept."""
+    from dcsjax.eval.protocols import apx
+
+    records, ctx = records_of(RuleFollower(), (t,), "stated-risk-generate")
+    shown = protocols.options.with_idk(ITEMS[0], "I don't know.")
+    prompt = protocols.get("stated-risk-generate").prompt(ctx, shown)
+    (context,) = prompt["contexts"]
+    rule = (f"Answer only if you are > {stated.number(t)} confident, since mistakes are penalised {said} points, "
+            "while correct answers receive 1 point, and an answer of \"I don't know\" receives 0 points.")
+    options = "A. Mars\nB. Jupiter\nC. Venus\nD. Mercury\nE. I don't know."
+    assert context == (f"{apx.SYSTEM_PROMPT}\n\nQuestion: Which planet is the largest?\nOptions:\n{options}\n{rule}\n"
+                       "The correct answer is:")
+    assert prompt["unstated"] == apx.SYSTEM_PROMPT + "\n\n" + apx.question_prompt(shown, False)
+    decision = records[0]["stated"][0]  # confidence 0.7, knowing the answer: B below t, the abstention above
+    assert decision["generation"] == ("B" if t < 0.7 else "E") and decision["probs"] == (
+        [0, 1, 0, 0, 0] if t < 0.7 else [0, 0, 0, 0, 1])
+    assert decision["dcs"] == (1.0 if t < 0.7 else 0.0)
+    mute, _ = records_of(RuleFollower(reply="I would rather not say"), (t,), "stated-risk-generate")
+    decision = mute[0]["stated"][0]
+    assert decision["choice"] is None and not decision["abstained"] and not decision["correct"]
+    assert decision["dcs"] == pytest.approx(-float(said)) and decision["parse_error"]
+    summary = stated.summarise(mute)["by_t"][stated.number(t)]
+    assert summary["unparsed"] == 1.0 and summary["hallucination_rate"] == 1.0 and summary["answer_rate"] == 1.0
 
 
 def test_the_chance_reference_is_the_uniform_distributions_dcs_at_each_target():
@@ -242,3 +297,19 @@ def test_a_protocol_added_to_the_registry_runs_through_eval_which_names_none(tmp
     flagged = run_eval("fake", [f"jsonl:{data}"], ["first-option"], tmp_path / "out2", scorer=Scorer(),
                        progress=False, option_order="source", threshold=0.75)
     assert flagged["rows"][0]["lw"] == 3.0 and flagged["rows"][0]["loadings_note"] is not None
+
+
+@pytest.mark.slow
+def test_the_unstated_generation_read_out_is_apxs_reply_on_real_weights():
+    """With no rule stated, the generation read-out asks exactly as APX does (the abstention option shown as one
+    more lettered option): the same greedy replies and parsed answers as `apx.run_apx` on SmolLM2."""
+    from conftest import scorer_for
+    from dcsjax.eval.protocols import apx
+
+    scorer = scorer_for("smollm2-135m-instruct")
+    items = [protocols.options.with_idk(item, "I don't know.") for item in ITEMS]
+    want = apx.run_apx(scorer, items)
+    got = stated.run_generation(scorer, items, 1.0, None)
+    assert [g["generation"] for g in got] == [w["generation"] for w in want]
+    assert [g["choice"] for g in got] == [w["choice"] for w in want]
+    assert all(w["choice"] is not None for w in want)  # it names an option: the comparison reads a decision

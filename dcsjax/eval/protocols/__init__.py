@@ -195,6 +195,22 @@ def _build() -> dict[str, Protocol]:
                  settings=lambda ctx: {"thresholds": list(_stated(ctx)[0]), "rule": _stated(ctx)[1],
                                        "context": ctx.card.mcqa_context, "idk_option": ctx.idk_phrasings[0],
                                        "readout": "summed log-likelihood of each option's text"}),
+        Protocol("stated-risk-generate", PROTOCOL_HELP["stated-risk-generate"],
+                 run=lambda ctx, items: stated.run_stated_risk(ctx.scorer, items, *_stated(ctx), "generation"),
+                 prompt=lambda ctx, item: {
+                     "contexts": [ctx.scorer.tokenizer.decode(apx.ask_ids(ctx.scorer, stated.generation_question(
+                         item, apx.is_instruct(ctx.scorer), stated.instruction(t, _stated(ctx)[1]))))
+                                  for t in _stated(ctx)[0]],
+                     "unstated": ctx.scorer.tokenizer.decode(apx.ask_ids(ctx.scorer, stated.generation_question(
+                         item, apx.is_instruct(ctx.scorer), None)))},
+                 summarise=stated.summarise, headline=lambda r: r["dcs"], answer=lambda r: r["choice"],
+                 letters=True, idk_option=True, chance=stated.chance, details=stated.table,
+                 settings=lambda ctx: {"thresholds": list(_stated(ctx)[0]), "rule": _stated(ctx)[1],
+                                       "idk_option": ctx.idk_phrasings[0], "instruct": apx.is_instruct(ctx.scorer),
+                                       "chat_template": apx.uses_chat_template(ctx.scorer),
+                                       "max_new_tokens": apx.MAX_NEW_TOKENS,
+                                       "readout": "greedy reply parsed as APX parses; unparsed scored wrong"},
+                 merge_rotations=lambda ctx, item, records, perms: stated.merge_rotations(item, records, perms)),
     ]}
 
 
@@ -218,7 +234,8 @@ def registry() -> dict[str, Protocol]:
 
 
 # registry order, importable without jax
-PROTOCOLS = ("aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters", "stated-risk", "stated-risk-sequences")
+PROTOCOLS = ("aps", "qa-ppl", "mcqa", "apx", "dcs", "dcs-letters", "stated-risk", "stated-risk-sequences",
+             "stated-risk-generate")
 PROTOCOL_HELP = {  # one line each, for `--help` (which must not wait for jax to import)
     "aps": "perplexity ranking of declarative statements (002 §2)",
     "qa-ppl": "perplexity ranking of question + option texts (the card's qa_template; not APS)",
@@ -230,6 +247,8 @@ PROTOCOL_HELP = {  # one line each, for `--help` (which must not wait for jax to
                    "abstention follow t?",
     "stated-risk-sequences": "stated-risk read by the options' sequence likelihoods (the dcs read-out) instead of "
                              "letters",
+    "stated-risk-generate": "stated-risk read from the prompted answer: APX's prompt with the rule stated, greedy, "
+                            "parsed as D.2",
 }
 
 

@@ -47,8 +47,12 @@ def prompt_ids(scorer, item: Item, exemplars: Sequence[Item] = ()) -> list[int]:
     """Token ids of the full prompt: the chat template where the model has one, else system + question
     after the document-start token. Few-shot exemplars come first, solved with their letter: as earlier
     user and assistant turns in a chat, as earlier questions each followed by " <letter>" otherwise."""
+    return ask_ids(scorer, question_prompt(item, is_instruct(scorer)), exemplars)
+
+
+def ask_ids(scorer, question: str, exemplars: Sequence[Item] = ()) -> list[int]:
+    """`prompt_ids` for a question prompt already written (`question_prompt`, or a variant of it)."""
     instruct = is_instruct(scorer)
-    question = question_prompt(item, instruct)
     if uses_chat_template(scorer):
         messages = [{"role": "system", "content": SYSTEM_PROMPT}]
         for ex in exemplars:

@@ -14,6 +14,12 @@ Two read-outs of the model's distribution over the options and the appended abst
 - `stated-risk-sequences`: the rule, then the card's question template (`mcqa_context`); each option's text and
   the abstention option's continue it, and their summed log-likelihoods are renormalised over them (the `dcs`
   protocol's headline read-out). No letters: the options' order does not matter.
+- `stated-risk-generate`: the prompted answer, as APX asks for it (`apx.py`: paper 002's system prompt, the
+  lettered options with the abstention option among them, greedy decoding of at most 15 tokens, D.2's parsing),
+  the rule on a line before the closing question. The decision is the option the reply names (the abstention
+  option: abstained); its distribution all mass on that option, so its DCS is the decision's score (+1, -lw, 0).
+  A reply that names no option, or several, is scored as a wrong answer, as APX counts it (never as an
+  abstention: only the abstention option is one), and its record keeps the reason.
 Each item is also asked once with no rule stated (letters: "Answer with the letter only." alone; sequences: the
 question alone), which gives the policy the model's own distribution implies at each t (answer iff its
 confidence in its best option, renormalised without the abstention option, exceeds t) and DCS at the same
@@ -45,7 +51,7 @@ def letters_wording(rule: str = RULE) -> str:
 
 
 WORDING = letters_wording()
-READOUTS = ("letters", "sequences")
+READOUTS = ("letters", "sequences", "generation")
 
 
 def penalty(t: float) -> float:
@@ -66,8 +72,8 @@ def instruction(t: float, wording: str = WORDING) -> str:
 
 def _decision(record: dict) -> dict:
     """What one elicitation decided: its distribution and argmax, over the presented options + abstention."""
-    keep = ("probs", "dcs", "p_idk", "choice", "abstained", "correct", "lw")
-    return {k: record[k] for k in keep}
+    keep = ("probs", "dcs", "p_idk", "choice", "abstained", "correct", "lw", "generation", "parse_error")
+    return {k: record[k] for k in keep if k in record}
 
 
 def confidence(probs: Sequence[float], idk_index: int) -> float:
@@ -79,17 +85,18 @@ def confidence(probs: Sequence[float], idk_index: int) -> float:
 
 def item_record(item: Item, stated: Sequence[dict], unstated: dict, thresholds: Sequence[float]) -> dict:
     """One item's record: each stated target's decision, the unstated one, and what the unstated distribution
-    implies at each target (its DCS at that target's loadings; answer iff confidence > t)."""
+    implies at each target (its DCS at that target's loadings; answer iff confidence > t). A generated reply
+    has no confidence to threshold: no implied policy (None)."""
     idk_index = unstated["idk_index"]
     p_c, p_w, p_idk = unstated["p_correct"], unstated["p_wrong"], unstated["p_idk"]  # `metrics.dcs.option_masses`
-    conf = confidence(unstated["probs"], idk_index)
+    conf = None if "generation" in unstated else confidence(unstated["probs"], idk_index)
     return {
         "id": item.id, "correct_options": list(item.correct), "idk_index": idk_index, "answerable": item.answerable,
         "thresholds": [float(t) for t in thresholds],
         "stated": [_decision(r) for r in stated],
         "unstated": _decision(unstated),
         "unstated_dcs": [float(dcs_of_masses(p_c, p_w, p_idk, 1.0, penalty(t))) for t in thresholds],
-        "implied_answer": [conf > t for t in thresholds],
+        "implied_answer": None if conf is None else [conf > t for t in thresholds],
         "confidence": conf,
         # the headline: the stated rules' DCS averaged over the targets (each at its own loadings)
         "dcs": float(np.mean([r["dcs"] for r in stated])),
@@ -114,6 +121,44 @@ def run_sequences(scorer, items: Sequence[Item], lw: float, rule: str | None, te
     return dcs.dcs_records(items, probs, [item.idk for item in items], 1.0, lw, [{} for _ in items])
 
 
+def generation_question(item: Item, instruct: bool, rule: str | None) -> str:
+    """APX's question prompt (`apx.question_prompt`) with the stated rule (None: none) on a line before its
+    closing question ("What is the correct answer?", or a base model's "The correct answer is:")."""
+    from dcsjax.eval.protocols.apx import question_prompt
+
+    question = question_prompt(item, instruct)
+    if not rule:
+        return question
+    head, ending = question.rsplit("\n", 1)
+    return f"{head}\n{rule}\n{ending}"
+
+
+def run_generation(scorer, items: Sequence[Item], lw: float, rule: str | None) -> list[dict]:
+    """Records of the prompted answer (APX's prompt and parsing) under `rule`, scored at loadings (1, lw): all
+    mass on the option the reply names; a reply naming none (or several) counts as a wrong answer."""
+    from dcsjax.engine.generate import greedy_generate
+    from dcsjax.eval.protocols import apx
+
+    instruct = apx.is_instruct(scorer)
+    prompts = [apx.ask_ids(scorer, generation_question(item, instruct, rule)) for item in items]
+    generations = greedy_generate(scorer, prompts, apx.MAX_NEW_TOKENS) if items else []
+    records = []
+    for item, tokens in zip(items, generations):
+        text = scorer.tokenizer.decode(tokens, skip_special_tokens=True)
+        choice, failure = apx.parse_answer(text, item.choices)
+        probs = np.zeros(len(item.choices))
+        if choice is None:  # a wrong answer: its mass spread over the wrong options
+            wrong = [j for j in range(len(item.choices)) if j != item.idk and j not in item.correct]
+            probs[wrong] = 1.0 / len(wrong)
+        else:
+            probs[choice] = 1.0
+        record = dcs.dcs_records([item], [probs], [item.idk], 1.0, lw, [{"generation": text, "parse_error": failure}])[0]
+        if choice is None:
+            record.update(choice=None, abstained=False, correct=False)
+        records.append(record)
+    return records
+
+
 def run_stated_risk(scorer, items: Sequence[Item], thresholds: Sequence[float] = THRESHOLDS, rule: str = RULE,
                     readout: str = "letters", template: str = MCQA_CONTEXT) -> list[dict]:
     """Items with the abstention option among their options (the registry appends it): each asked under every
@@ -125,6 +170,9 @@ def run_stated_risk(scorer, items: Sequence[Item], thresholds: Sequence[float] =
     elif readout == "sequences":
         stated = [run_sequences(scorer, items, penalty(t), instruction(t, rule), template) for t in thresholds]
         unstated = run_sequences(scorer, items, 1.0, None, template)
+    elif readout == "generation":
+        stated = [run_generation(scorer, items, penalty(t), instruction(t, rule)) for t in thresholds]
+        unstated = run_generation(scorer, items, 1.0, None)
     else:
         raise ValueError(f"readout is one of {READOUTS}, not {readout!r}")
     return [item_record(item, [s[i] for s in stated], unstated[i], thresholds) for i, item in enumerate(items)]
@@ -204,12 +252,24 @@ def summarise(records: list[dict]) -> dict:
             "accuracy_answered": float(np.mean([d["correct"] for d in answered])) if answered else None,
             "hallucination_rate": wrong, "truthfulness": accuracy - penalty(t) * wrong,
             "dcs_unstated": float(unstated_dcs.mean()), "stated_minus_unstated": interval(stated_dcs - unstated_dcs),
-            "implied_answer_rate": float(np.mean([r["implied_answer"][k] for r in records])),
-            "agrees_with_implied": float(np.mean([(not d["abstained"]) == r["implied_answer"][k]
-                                                  for d, r in zip(s, records)])),
+            **_implied(s, records, k),
+            # the generation read-out: replies that named no option (or several), scored as wrong answers
+            "unparsed": (float(np.mean([d["parse_error"] is not None for d in s])) if "parse_error" in s[0]
+                         else None),
         }
     return {"dcs_mean_over_t": float(np.mean([r["dcs"] for r in records])),
-            "abstention_slope": interval(abstention_slope(records)), "by_t": by_t}
+            # (one target alone has no slope)
+            "abstention_slope": interval(abstention_slope(records)) if len(by_t) > 1 else None, "by_t": by_t}
+
+
+def _implied(stated: list[dict], records: list[dict], k: int) -> dict:
+    """How often the unstated distribution's implied policy answers at the k-th target, and how often the stated
+    decision agrees with it (None for a generated reply, which implies no policy)."""
+    if records[0]["implied_answer"] is None:
+        return {"implied_answer_rate": None, "agrees_with_implied": None}
+    return {"implied_answer_rate": float(np.mean([r["implied_answer"][k] for r in records])),
+            "agrees_with_implied": float(np.mean([(not d["abstained"]) == r["implied_answer"][k]
+                                                  for d, r in zip(stated, records)]))}
 
 
 def table(rows: list[dict], fmt: str = "text") -> str:
@@ -225,13 +285,16 @@ def table(rows: list[dict], fmt: str = "text") -> str:
 
     header = ["model", "task", "t", "lw", "DCS stated [95% CI]", "uniform", "answered", "acc. answered (>= t)",
               "halluc.", "T", "DCS unstated", "stated - unstated [95% CI]", "agrees with implied"]
+    generated = any(m.get("unparsed") is not None for r in rows for m in (r["metrics"].get("by_t") or {}).values())
+    if generated:
+        header.append("unparsed (scored wrong)")
     lines, slopes = [], []
     for r in rows:
         for t, m in (r["metrics"].get("by_t") or {}).items():
             lines.append([r["model"], r["task"], t, f"{m['lw']:g}", ci(m["dcs"]), num(m["uniform_dcs"]),
                           num(m["answer_rate"], 2), num(m["accuracy_answered"], 2), num(m["hallucination_rate"], 2),
                           num(m["truthfulness"]), num(m["dcs_unstated"]), ci(m["stated_minus_unstated"]),
-                          num(m["agrees_with_implied"], 2)])
+                          num(m["agrees_with_implied"], 2), *([num(m.get("unparsed"), 2)] if generated else [])])
         slope = r["metrics"].get("abstention_slope")
         if slope:
             slopes.append(f"{r['model']} {r['task']}: abstention rises by {ci(slope)} per unit of stated t "
