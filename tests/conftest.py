@@ -165,7 +165,7 @@ def gemma3():
 
 # The files that take longest start first: with two workers (pyproject's addopts, whole files each), one
 # of them started last would leave a worker running it alone at the end.
-LONGEST_FIRST = ["test_training.py", "test_bench.py", "test_plan.py", "test_architectures.py", "test_invariance.py",
+LONGEST_FIRST = ["test_training.py", "test_training_stated.py", "test_bench.py", "test_plan.py", "test_architectures.py", "test_invariance.py",
                  "test_parity.py", "test_eval.py", "test_hf_dir.py", "test_lm_eval.py", "test_attention.py",
                  "test_apx.py", "test_sharding.py", "test_scorer.py", "test_statements.py"]
 

@@ -248,10 +248,10 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
             timings[f"features_stated_top{k}"] = round(time.time() - tic, 1)
         for key, feats in stated_features[top_layers].items():
             if "@" in key:
-                meta = start_folder / f"stated-{key.replace('@', '-t')}.json"
+                name = key.replace("@", "-t")  # "unseen@0.6" -> features stated-unseen-t0.6.npz
                 start_dists[key] = distributions(cached_logits(
-                    start_folder / f"start_stated_{key.replace('@', '-t')}_logits",
-                    {"features": json.loads(meta.read_text()) if meta.is_file() else None},
+                    start_folder / f"start_stated_{name}_logits",
+                    {"features": json.loads((start_folder / f"stated-{name}.json").read_text())},
                     lambda: predict_logits(c, start, embedding, feats)), feats)
 
     # every trained model: (adapter, arm, t or None) -> per seed {"dev", *tests} distributions (the stated-risk
