@@ -61,8 +61,8 @@ def main() -> None:
     k = args.lora_layers or c.num_layers
     items = abstention_splits(errors=[])["train"][:args.batch]  # MMLU, every subject's questions
     f = letter_features(scorer, items, k)
-    batch = f.batch(np.arange(len(f))[None])  # one micro-batch of every item
-    t = batch[0].shape[2]
+    batch = f.packed(np.arange(len(f))[None])  # one micro-batch of every item, packed as training packs it
+    packed_rows, t = batch.hidden.shape[1:3]
     cfg = replace(TrainConfig(), arm="dcs+ce", adapter="lora", batch_size=args.batch)
     base = top_params(scorer.model, k)
     params = init_trainable(cfg, base)
@@ -94,7 +94,8 @@ def main() -> None:
         seconds[category(name, meta.get(name, ""))] += s
     rows = [{"what": what, "seconds": s} for what, s in seconds.most_common()]  # unrounded: they sum to the total
     total = sum(seconds.values())
-    print(f"{scorer.name}: one LoRA update of {args.batch} prompts cut to {t} tokens, {k} blocks adapted; "
+    print(f"{scorer.name}: one LoRA update of {args.batch} prompts packed into {packed_rows} rows of {t} tokens, "
+          f"{k} blocks adapted; "
           f"{min(walls):.2f} s per update (best of {len(walls)}); operation times summed over both threads: {total:.2f} s")
     for r in rows:
         print(f"  {r['seconds']:7.2f} s  {100 * r['seconds'] / total:5.1f}%  {r['what']}")
@@ -104,6 +105,7 @@ def main() -> None:
     for r in top:
         print(f"  {r['seconds']:7.2f} s  {r['operation'][:32]:32} {r['what']:40} {r['from']}")
     out = write_record(args.out, "profile-lora-step", {"model": scorer.name, "batch": [args.batch, t], "lora_layers": k,
+                                                       "packed_rows": int(packed_rows),
                                                        "update_s": min(walls), "operations_s": total, "rows": rows,
                                                        "slowest": top}, args)
     print(out)

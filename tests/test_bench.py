@@ -188,3 +188,13 @@ def test_tpu_copies_names_each_copied_slice_by_its_array(tmp_path):
         for copy in decode[variant]["copies"]:
             assert copy["MiB"] == round(shards[copy["of"]] * 2 / 2**20, 2), copy
     assert names_its_code(record) and record["measured"] == "compiled only, not run"
+
+
+def test_train_step_layouts_script_small(tmp_path):
+    result = run(["bench/train_step_layouts.py", "--items", "16", "--batch", "8", "--batches", "2"], tmp_path)
+    rows = {r["layout"]: r for r in result["rows"]}
+    assert set(rows) == {"one prompt a row", "packed"} and all(r["median_s"] > 0 for r in rows.values())
+    # the same prompts, in fewer padded tokens
+    assert rows["packed"]["tokens_per_batch"] <= rows["one prompt a row"]["tokens_per_batch"]
+    assert rows["packed"]["prompt_tokens_per_batch"] <= rows["packed"]["tokens_per_batch"]
+    assert names_its_code(result)

@@ -169,6 +169,43 @@ def test_cached_layers_give_the_letters_elicitation_of_eval(model_name, top, sma
                                      features).probs)
     for row, record in zip(probs, run_dcs_letters(scorer, items)):
         np.testing.assert_allclose(row[:len(record["probs"])], record["probs"], atol=2e-5)
+    # the training step's layout: the prompts packed several to a row, each item's logits those of its own row
+    everyone = np.arange(len(features))
+    packed = features.packed(everyone, row_multiple=1, row_length=2 * features.batch(everyone).hidden.shape[1])
+    assert packed.hidden.shape[0] < len(features) and packed.segments.max() > 1  # rows shared
+    logits = jax.jit(letter_logits, static_argnums=0)(scorer.config, params, scorer.model.output_embedding,
+                                                      *packed.inputs)
+    alone = predict_logits(scorer.config, params, scorer.model.output_embedding, features)
+    np.testing.assert_allclose(np.asarray(logits), alone, atol=2e-6 * np.abs(alone).max())  # rounding: 1e-6 seen
+
+
+def test_packed_rows_hold_each_prompt_whole_in_a_segment_of_its_own():
+    """`LetterFeatures.packed`: every item's prompt lies whole in one row, in order, its positions from 0 and a
+    segment no other prompt of the row has; rows a multiple of the row multiple, the same for every micro-batch;
+    first-fit decreasing fills the rows (here 7 prompts into 4 rows of 64 where one a row would take 7)."""
+    from dcsjax.training.features import LetterFeatures, first_fit
+
+    length = np.array([40, 30, 25, 20, 33, 10, 50], np.int32)  # 50 + 10 | 40 + 20 | 33 + 30 | 25
+    offset = np.concatenate([[0], np.cumsum(length[:-1])])
+    hidden = np.arange(length.sum() * 2, dtype=np.float32).reshape(-1, 2) + 1  # no zero rows
+    k = 3
+    f = LetterFeatures(hidden, offset, length, np.ones((7, k), np.int32), np.eye(7, k, dtype=bool),
+                       np.zeros((7, k), bool), np.ones((7, k), bool), np.ones(7, np.float32))
+    index = np.array([[0, 1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1, 0]])
+    b = f.packed(index, row_multiple=3)
+    assert b.hidden.shape == (2, 6, 64, 2) and b.row.shape == (2, 7)  # 4 rows rounded up to 6, of t = 64
+    for m in range(2):
+        for j, i in enumerate(index[m]):
+            r, end = b.row[m, j], b.last[m, j]
+            cols = np.arange(end - length[i] + 1, end + 1)
+            np.testing.assert_array_equal(b.hidden[m, r, cols], hidden[offset[i]:offset[i] + length[i]])
+            np.testing.assert_array_equal(b.positions[m, r, cols], np.arange(length[i]))
+            assert len(set(b.segments[m, r, cols])) == 1 and b.segments[m, r, cols[0]] > 0
+            assert (b.segments[m, r] == b.segments[m, r, cols[0]]).sum() == length[i]  # its segment alone
+        assert (b.hidden[m][b.segments[m] == 0] == 0).all()  # padding is zero
+    np.testing.assert_array_equal(b.letters, f.letters[index])
+    rows, _ = first_fit(np.array([60, 40, 30, 20, 10]), 64)
+    assert rows.max() + 1 == 3  # 60 | 40 + 20 | 30 + 10
 
 
 @pytest.mark.slow
@@ -310,15 +347,13 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
     assert all(lo <= v <= hi for m in models.values() for v, lo, hi in m.values())
     for name in ("summary.md", "thresholds-unseen.png", "thresholds-test.png", "risk_coverage.png", "training.png"):
         assert (out / name).stat().st_size > 0
-    # five runs, one compiled update per adapter and prompt length (each batch is cut to its longest prompt,
-    # rounded up: MMLU's prompts here take one or two lengths): arms, thresholds and seeds are traced or read
-    # outside it
-    from dcsjax.training.features import cut_length
-
+    # five runs, one compiled update per adapter and packed shape (each batch packed into rows of its longest
+    # prompt, rounded up, the rows a multiple of 4: MMLU's prompts here take one or two shapes): arms,
+    # thresholds and seeds are traced or read outside it
     train_set = load_features(out / "features" / "top2" / "train.npz")
-    lengths = {cut_length(train_set.length[idx])
-               for idx in (batch_indices(0, step, 1, 8, len(train_set)) for step in range(12))}
-    assert _train_step._cache_size() - compiled_before <= 2 * len(lengths)
+    shapes = {train_set.packed(idx).hidden.shape
+              for idx in (batch_indices(0, step, 1, 8, len(train_set)) for step in range(12))}
+    assert _train_step._cache_size() - compiled_before <= 2 * len(shapes)
     assert results["exported"]["adapter"] == "lora" and results["exported"]["threshold"] == 0.5
 
     # a rerun resumes every finished run and scores nothing again: the starting model's and each run's dev
@@ -345,8 +380,8 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
 
     @jax.jit  # one program for both parameter sets (op by op, each of its ops would compile on its own)
     def loss(model_params):
-        logits = letter_logits(scorer.config, model_params, scorer.model.output_embedding, *everything[:3])
-        return arm_loss(dcs_cfg, logits, *everything[3:], None, cfg.steps)[0]
+        logits = letter_logits(scorer.config, model_params, scorer.model.output_embedding, *everything.inputs)
+        return arm_loss(dcs_cfg, logits, *everything.targets, None, cfg.steps)[0]
 
     folder = out / "runs" / "lora" / "t0.5" / "dcs+ce-seed0"
     saved = json.loads((folder / "config.json").read_text())
@@ -419,8 +454,8 @@ def test_factored_lora_step_equals_the_merged_weights(small_features):
 
     def loss(params, factored):
         logits = letter_logits(scorer.config, adapted(cfg, params, base, factored), scorer.model.output_embedding,
-                               *arrays[:3])
-        return arm_loss(cfg, logits, *arrays[3:], np.zeros(arrays[2].shape, np.float32), 10.0)[0]
+                               *arrays.inputs)
+        return arm_loss(cfg, logits, *arrays.targets, np.zeros(arrays.letters.shape, np.float32), 10.0)[0]
 
     (merged, g_merged), (factored, g_factored) = (jax.jit(jax.value_and_grad(loss), static_argnums=1)(lora, f)
                                                   for f in (False, True))
@@ -449,8 +484,8 @@ def test_blocks_under_checkpoint_keep_the_gradients_and_shrink_the_step_memory(s
 
     def loss(params):
         logits = letter_logits(scorer.config, adapted(cfg, params, base, True), scorer.model.output_embedding,
-                               *arrays[:3])
-        return arm_loss(cfg, logits, *arrays[3:], np.zeros(arrays[2].shape, np.float32), 10.0)[0]
+                               *arrays.inputs)
+        return arm_loss(cfg, logits, *arrays.targets, np.zeros(arrays.letters.shape, np.float32), 10.0)[0]
 
     out, memory = {}, {}
     for remat in (False, True):
@@ -494,18 +529,19 @@ def test_accumulated_micro_batches_make_the_same_update_as_one_batch(small_featu
     params = top_params(scorer.model, 2)
     sgd = optax.sgd(1.0)
     updated = {}
-    for accumulate, batch in ((2, 4), (1, 8)):
+    for accumulate, batch, layout in ((2, 4, "packed"), (1, 8, "packed"), (1, 8, "batch")):
         cfg = TrainConfig(arm="dcs", batch_size=batch, accumulate=accumulate)
         idx = np.arange(8).reshape(accumulate, batch)
-        arrays = data.batch(idx)
+        arrays = getattr(data, layout)(idx)  # prompts packed several to a row (training's), or one a row
         static, weights = step_settings(cfg)
-        updated[accumulate], _, _ = _train_step(scorer.config, static, sgd, weights, params, sgd.init(params), params,
-                                                scorer.model.output_embedding, arrays,
-                                                np.zeros((accumulate, batch, data.letters.shape[1]), np.float32),
-                                                data.lw[idx], 0.0)
+        updated[accumulate, layout], _, _ = _train_step(
+            scorer.config, static, sgd, weights, params, sgd.init(params), params, scorer.model.output_embedding,
+            arrays, np.zeros((accumulate, batch, data.letters.shape[1]), np.float32), data.lw[idx], 0.0)
     moved = 0.0
-    for before, a, b in zip(jax.tree.leaves(params), jax.tree.leaves(updated[2]), jax.tree.leaves(updated[1])):
+    for before, a, b, c in zip(*(jax.tree.leaves(p) for p in (params, updated[2, "packed"], updated[1, "packed"],
+                                                                updated[1, "batch"]))):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)  # summation order
+        np.testing.assert_allclose(np.asarray(c), np.asarray(b), rtol=1e-5, atol=1e-5)
         moved = max(moved, float(np.abs(np.asarray(a) - np.asarray(before)).max()))
     assert moved > 1e-4  # the step did move the parameters
 

@@ -608,12 +608,17 @@ def block_norm(c: DecoderConfig, p: dict, y: jax.Array, name: str) -> jax.Array:
     return normalize(c, y, p[name], p.get(f"{name}_bias")) if name in p else y
 
 
-def readout_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, last: jax.Array) -> jax.Array:
-    """A block's output at one position per row, x [B, T, D], last [B] -> [B, D]: keys and values from every
-    position, the query, attention output and MLP at `last` only (mask [B, T, S] as for the whole block).
+def readout_block(c: DecoderConfig, p: dict, x: jax.Array, rope: Rope, mask: jax.Array, last: jax.Array,
+                  rows: jax.Array | None = None) -> jax.Array:
+    """A block's output at one position per read, x [R, T, D], last [B] -> [B, D]: keys and values from every
+    position, the query, attention output and MLP at `last` only (mask [R, T, S] as for the whole block).
+    rows [B]: the row of each read (rows packed with several sequences); default read b in row b (B = R).
     A model read out at one token needs only this from its top block: about 1/T of the block's cost."""
-    rows = jnp.arange(x.shape[0])
     keys, values = project_kv(c, p, block_norm(c, p, x, "attn_norm"), rope)
+    if rows is None:
+        rows = jnp.arange(x.shape[0])
+    else:  # each read's own row's keys and values
+        keys, values = keys[rows], values[rows]
     at_last = Rope(rope.cos[rows, last][:, None], rope.sin[rows, last][:, None])
     out, _ = decoder_block(c, p, x[rows, last][:, None], at_last, mask[rows, last][:, None],
                            context=(keys, values))  # every position's keys, the query's own too

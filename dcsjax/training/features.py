@@ -28,6 +28,9 @@ from dcsjax.eval.protocols.dcs import letters_context
 from dcsjax.eval.protocols.stated import instruction, penalty
 
 
+PACKED_ROW_MULTIPLE = 4  # packed batches' rows come in multiples of this: few shapes, each one compile
+
+
 class LetterFeatures(NamedTuple):
     """N items, up to K options (IDK included). The residual stream is kept ragged, each prompt's rows one
     after another, not padded to the longest prompt: MMLU's prompts run from under a hundred tokens to over
@@ -45,16 +48,93 @@ class LetterFeatures(NamedTuple):
     def __len__(self) -> int:
         return len(self.length)
 
-    def batch(self, index) -> tuple[np.ndarray, ...]:
-        """The arrays one step reads for items `index` (any shape [...]): hidden [..., t, D] zero past each
-        prompt, t = `cut_length` of these items; length [...]; letters, correct, idk, valid [..., K]."""
+    def batch(self, index) -> "LetterBatch":
+        """The arrays one forward pass reads for items `index` (any shape [..., B]), one prompt per row from
+        column 0, right-padded to the items' `cut_length` t: hidden [..., B, t, D], zero past each prompt (scoring
+        runs items sorted by length, so there is little padding to pack away)."""
         index = np.asarray(index)
         t = cut_length(self.length[index])
-        at = np.arange(t)
-        inside = at < self.length[index][..., None]  # [..., t]
+        at = np.arange(t, dtype=np.int32)
+        length = self.length[index]
+        inside = at < length[..., None]  # [..., B, t]
         rows = np.where(inside, self.offset[index][..., None] + at, 0)
         hidden = np.where(inside[..., None], self.hidden[rows], 0.0).astype(np.float32)
-        return (hidden, *(x[index] for x in (self.length, self.letters, self.correct, self.idk, self.valid)))
+        positions = np.broadcast_to(at, inside.shape).astype(np.int32)
+        row = np.broadcast_to(np.arange(index.shape[-1], dtype=np.int32), index.shape)
+        return LetterBatch(hidden, positions, inside.astype(np.int32), row.copy(), (length - 1).astype(np.int32),
+                           *self._targets(index))
+
+    def packed(self, index, row_multiple: int = PACKED_ROW_MULTIPLE, row_length: int | None = None) -> "LetterBatch":
+        """The same items' prompts packed into rows of t tokens (`row_length`, by default the items' `cut_length`:
+        their longest prompt, rounded up), several prompts a row (the
+        training step: a random batch padded one prompt a row is mostly padding, MMLU's prompts running from under a
+        hundred tokens to over 1,500). index [..., B]; every micro-batch (the leading axes) gets the same R rows,
+        the most any of them needs rounded up to `row_multiple` (few shapes, each one compile; a multiple of a
+        mesh's data devices). Each prompt keeps its own positions from 0 and a segment of its own, which the
+        attention masks keep apart, so every item's logits are those of `batch` (tests/test_training.py)."""
+        index = np.asarray(index)
+        micro = index.reshape(-1, index.shape[-1])  # [M, B]
+        t = row_length or cut_length(self.length[index])
+        layouts = [first_fit(self.length[items], t) for items in micro]  # per micro-batch: (row, column) per item
+        most = max(int(rows.max()) + 1 for rows, _ in layouts)
+        r = -(-most // row_multiple) * row_multiple
+        m, b = micro.shape
+        hidden = np.zeros((m, r, t, self.hidden.shape[1]), np.float32)
+        positions, segments = np.zeros((m, r, t), np.int32), np.zeros((m, r, t), np.int32)
+        row, last = np.zeros((m, b), np.int32), np.zeros((m, b), np.int32)
+        for k, (items, (rows, columns)) in enumerate(zip(micro, layouts)):
+            for j, (i, r_j, c_j) in enumerate(zip(items, rows, columns)):
+                n = int(self.length[i])
+                hidden[k, r_j, c_j:c_j + n] = self.hidden[self.offset[i]:self.offset[i] + n]
+                positions[k, r_j, c_j:c_j + n] = np.arange(n)
+                segments[k, r_j, c_j:c_j + n] = j + 1  # distinct within the row (0 is padding)
+                row[k, j], last[k, j] = r_j, c_j + n - 1
+        shape = index.shape[:-1]
+        return LetterBatch(hidden.reshape(*shape, r, t, -1), positions.reshape(*shape, r, t),
+                           segments.reshape(*shape, r, t), row.reshape(index.shape), last.reshape(index.shape),
+                           *self._targets(index))
+
+    def _targets(self, index) -> tuple[np.ndarray, ...]:
+        return tuple(x[index] for x in (self.letters, self.correct, self.idk, self.valid))
+
+
+class LetterBatch(NamedTuple):
+    """What one forward pass reads for B items: their prompts' residual streams laid out in R rows of T tokens
+    (one prompt a row: `LetterFeatures.batch`; several: `LetterFeatures.packed`), where each item's prompt ends,
+    and its options. Leading axes [...] (micro-batches) on every field."""
+    hidden: np.ndarray  # [..., R, T, D] float32, zero on padding
+    positions: np.ndarray  # [..., R, T] int32: each prompt's own positions, from 0
+    segments: np.ndarray  # [..., R, T] int32: the prompts of a row numbered from 1; 0 padding
+    row: np.ndarray  # [..., B] int32: the row that holds item b's prompt
+    last: np.ndarray  # [..., B] int32: the column of its last token, whose next-token logits are read
+    letters: np.ndarray  # [..., B, K] int32
+    correct: np.ndarray  # [..., B, K] bool
+    idk: np.ndarray  # [..., B, K] bool
+    valid: np.ndarray  # [..., B, K] bool
+
+    @property
+    def inputs(self) -> tuple:
+        """What `train.letter_logits` reads after the parameters: hidden ... letters."""
+        return tuple(self[:6])
+
+    @property
+    def targets(self) -> tuple:
+        """What the loss reads besides the logits: correct, idk, valid."""
+        return tuple(self[6:])
+
+
+def first_fit(length: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """Prompts of `length` [B] tokens placed into rows of t, longest first, each in the first row with room
+    (first-fit decreasing: within 22% of the fewest rows) -> (row [B], column [B]). Deterministic."""
+    row, column, used = np.zeros(len(length), np.int32), np.zeros(len(length), np.int32), []
+    for i in np.argsort(-length, kind="stable"):
+        n = int(length[i])
+        r = next((k for k, filled in enumerate(used) if filled + n <= t), len(used))
+        if r == len(used):
+            used.append(0)
+        row[i], column[i] = r, used[r]
+        used[r] += n
+    return row, column
 
 
 def cut_length(length: np.ndarray) -> int:

@@ -14,6 +14,7 @@ from dcsjax.engine.plan import Chip, ESTIMATED, compile_memory, cost_of, timed_c
 from dcsjax.nn.config import DecoderConfig
 from dcsjax.nn.decoder import layer_param_shapes
 from dcsjax.nn.sharding import partition_spec
+from dcsjax.training.features import LetterBatch
 from dcsjax.training.train import TrainConfig, _train_step, init_trainable, optimizer_for, step_settings
 
 F32 = jnp.float32
@@ -55,9 +56,11 @@ def plan_training(config: DecoderConfig, mesh, chip: Chip, cfg: TrainConfig = Tr
         mesh, partition_spec(("vocab", "embed"), (v, d), mesh)))
     rows = NamedSharding(mesh, P(None, "data") if cfg.batch_size % mesh.shape["data"] == 0 else P())
     a, b, k = cfg.accumulate, cfg.batch_size, options
-    batch = (jax.ShapeDtypeStruct((a, b, prompt, d), F32, sharding=rows), jax.ShapeDtypeStruct((a, b), jnp.int32, sharding=rows),
-             jax.ShapeDtypeStruct((a, b, k), jnp.int32, sharding=rows),
-             *(jax.ShapeDtypeStruct((a, b, k), jnp.bool_, sharding=rows) for _ in range(3)))
+    # one prompt a row (`LetterFeatures.batch`'s layout; packing puts the same tokens in fewer rows)
+    shaped_as = lambda shape, dtype: jax.ShapeDtypeStruct((a, *shape), dtype, sharding=rows)  # noqa: E731
+    batch = LetterBatch(shaped_as((b, prompt, d), F32), *(shaped_as((b, prompt), jnp.int32) for _ in range(2)),
+                        *(shaped_as((b,), jnp.int32) for _ in range(2)), shaped_as((b, k), jnp.int32),
+                        *(shaped_as((b, k), jnp.bool_) for _ in range(3)))
     start = jax.ShapeDtypeStruct((a, b, k), F32, sharding=rows)
     stated_lw = jax.ShapeDtypeStruct((a, b), F32, sharding=rows)
     step = jax.ShapeDtypeStruct((), F32, sharding=NamedSharding(mesh, P()))

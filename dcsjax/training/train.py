@@ -25,6 +25,7 @@ the starting model's option+IDK distribution.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -43,12 +44,12 @@ from dcsjax.errors import ConfigError, stop_point
 from dcsjax.metrics.dcs import dcs, option_masses
 from dcsjax.metrics.calibration import ABSTENTION_METRICS, Distributions
 from dcsjax.nn.decoder import (
-    LowRank, attention_masks, layer_flags, layer_param_shapes, normalize, readout_block, right_padded, rope_tables,
+    LowRank, attention_masks, layer_flags, layer_param_shapes, normalize, readout_block, rope_tables,
     run_blocks, unembed,
 )
 from dcsjax.nn.sharding import make_mesh
 from dcsjax.training.config import ARMS, TrainConfig
-from dcsjax.training.features import LetterFeatures
+from dcsjax.training.features import PACKED_ROW_MULTIPLE, LetterFeatures
 from dcsjax.training.loss import dcs_loss, option_ce
 
 # Blocks under `jax.checkpoint` in the training step: the backward pass recomputes each block's forward
@@ -117,22 +118,22 @@ def merge_top(model, params: dict) -> None:
             getattr(model, name).set_value(params[name].astype(getattr(model, name).dtype))
 
 
-def letter_logits(c, params: dict, output_embedding: jax.Array, hidden: jax.Array, length: jax.Array,
-                  letters: jax.Array) -> jax.Array:
-    """hidden [B, T, D] (after the frozen layers), length [B], letters [B, K] -> [B, K] float32 logits of
-    each option letter as the next token after the prompt's last token."""
+def letter_logits(c, params: dict, output_embedding: jax.Array, hidden: jax.Array, positions: jax.Array,
+                  segments: jax.Array, row: jax.Array, last: jax.Array, letters: jax.Array) -> jax.Array:
+    """hidden [R, T, D] (after the frozen layers), positions and segments [R, T] (the prompts' layout in the rows:
+    `features.LetterBatch`), row and last [B]: where item b's prompt ends, letters [B, K] -> [B, K] float32 logits
+    of each option letter as the next token after the prompt's last token."""
     top = jax.tree.leaves(params["layers"])[0].shape[0]
-    positions, segments = right_padded(length, hidden.shape[1])
     below = jax.tree.map(lambda a: a[:-1], params["layers"])  # every trained block but the last runs whole
     x, _ = run_blocks(c, below, layer_flags(c, c.num_layers - top, -1), hidden, positions, segments,
                       remat=REMAT_BLOCKS)  # no effect without a gradient (scoring)
-    # the last block is read at the prompt's last token only
+    # the last block is read at each prompt's last token only
     # dense masks: the readout block picks the last query's row of them (training prompts are short)
     masks, ropes = attention_masks(c, positions, segments, blockwise=False), rope_tables(c, positions)
     flags = jax.tree.map(lambda a: a[-1], layer_flags(c))
-    last = readout_block(c, jax.tree.map(lambda a: a[-1], params["layers"]), x, ropes.pick(flags), masks.pick(flags),
-                         length - 1)  # [B, D]
-    h = normalize(c, last, params["final_norm"], params.get("final_norm_bias")).astype(jnp.float32)
+    out = readout_block(c, jax.tree.map(lambda a: a[-1], params["layers"]), x, ropes.pick(flags), masks.pick(flags),
+                        last, rows=row)  # [B, D]
+    h = normalize(c, out, params["final_norm"], params.get("final_norm_bias")).astype(jnp.float32)
     return unembed(h, output_embedding[letters], c.final_softcap)  # [B, K]: the letters' rows of the head
 
 
@@ -204,11 +205,11 @@ def _train_step(c, cfg: TrainConfig, optimizer, weights, params, opt_state, base
     cfg = replace(cfg, **weights)
 
     def micro(grads, mb):
-        (hidden, length, letters, correct, idk, valid), start, stated_lw = mb
+        batch, start, stated_lw = mb  # a `features.LetterBatch` (packed), [B, K], [B]
 
         def loss_fn(p):
-            logits = letter_logits(c, adapted(cfg, p, base, factored=True), embedding, hidden, length, letters)
-            return arm_loss(cfg, logits, correct, idk, valid, start, step, arm, stated_lw)
+            logits = letter_logits(c, adapted(cfg, p, base, factored=True), embedding, *batch.inputs)
+            return arm_loss(cfg, logits, *batch.targets, start, step, arm, stated_lw)
 
         (_, stats), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
         return jax.tree.map(jnp.add, grads, g), stats
@@ -221,8 +222,8 @@ def _train_step(c, cfg: TrainConfig, optimizer, weights, params, opt_state, base
 
 
 @partial(jax.jit, static_argnums=(0,))
-def _logits(c, params, embedding, hidden, length, letters):
-    return letter_logits(c, params, embedding, hidden, length, letters)
+def _logits(c, params, embedding, inputs):
+    return letter_logits(c, params, embedding, *inputs)
 
 
 def predict_logits(c, params, embedding, features: LetterFeatures, batch_size: int = 32) -> np.ndarray:
@@ -234,8 +235,7 @@ def predict_logits(c, params, embedding, features: LetterFeatures, batch_size: i
     for start in range(0, n, batch_size):
         rows = by_length[start:start + batch_size]
         # a full last batch (repeats rows): one compile per length
-        hidden, length, letters, *_ = features.batch(np.resize(rows, batch_size))
-        logits = _logits(c, params, embedding, hidden, length, letters)
+        logits = _logits(c, params, embedding, features.batch(np.resize(rows, batch_size)).inputs)
         out[rows] = np.asarray(logits)[: len(rows)]
     return out
 
@@ -399,8 +399,10 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
     base = top_params(model, top_layers)
     params = init_trainable(cfg, base)
     mesh = make_mesh(mesh)
+    row_multiple = PACKED_ROW_MULTIPLE  # a packed batch's rows: split over the mesh's data devices too
     if mesh is not None:
         base, params, embedding = on_mesh(mesh, c, base, params, embedding)
+        row_multiple = math.lcm(row_multiple, mesh.shape["data"])
     optimizer = optimizer_for(cfg)
     static, weights = step_settings(cfg)
     state = TrainState.start(*as_returned(mesh, (params, optimizer.init(params))))
@@ -425,7 +427,7 @@ def train(model, train_set: LetterFeatures, dev_set: LetterFeatures, cfg: TrainC
     while state.step < last_step and not state.progress["stopped"]:
         stop_point()
         idx = batch_indices(cfg.seed, state.step, cfg.accumulate, cfg.batch_size, len(train_set))
-        batch, start, stated_lw = train_set.batch(idx), start_logits[idx], train_set.lw[idx]
+        batch, start, stated_lw = train_set.packed(idx, row_multiple), start_logits[idx], train_set.lw[idx]
         if mesh is not None:
             batch, start, stated_lw = jax.device_put((batch, start, stated_lw), batch_on_mesh(mesh, cfg.batch_size))
         state.params, state.opt_state, step_stats = _train_step(
