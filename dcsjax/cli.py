@@ -324,7 +324,16 @@ def cmd_train_abstain(args) -> int:
                              else None,
                              stated_thresholds=[float(t) for t in args.stated_thresholds.split(",") if t.strip()],
                              base=TrainConfig(**overrides), export_threshold=args.export_threshold,
-                             n_boot=args.n_boot, mesh=args.mesh, progress=not args.quiet)
+                             n_boot=args.n_boot, mesh=args.mesh, progress=not args.quiet, until=args.stage)
+    if "stage" in results:  # stopped after an earlier stage: what it kept is in the folder
+        print(f"{args.out}: stage {results['stage']} done (splits: "
+              + ", ".join(f"{k} {v['items']}" for k, v in results["splits"].items())
+              + (f"; {len(results['runs'])} runs trained" if results["runs"] else "") + ")")
+        return 0
+    if args.stage in ("evaluate", "export"):
+        print(f"{args.out}: results.json" + (", model/" if "exported" in results else "")
+              + f" (stage {args.stage} done)")
+        return 0
     print(summary_table(results))
     figures = ", ".join(f"thresholds-{split}.png" for split in results["tests"])
     print(f"{args.out}: results.json, summary.md, {figures}, risk_coverage.png, training.png"
@@ -411,7 +420,7 @@ def _statements_parser(sub) -> None:
 
 def _train_parser(sub) -> None:
     from dcsjax.training.data import DEFAULT_PER_TASK, DEFAULT_TASKS, UNSEEN_SHARE
-    from dcsjax.training.config import TrainConfig
+    from dcsjax.training.config import STAGES, TrainConfig
 
     d = TrainConfig()
     p = sub.add_parser("train-abstain", help="fine-tune a model to abstain with DCS at target thresholds and compare "
@@ -448,6 +457,9 @@ def _train_parser(sub) -> None:
     p.add_argument("--n-boot", type=_whole(1, "resamples"), default=1000,
                    help="bootstrap resamples per interval (default 1000)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--stage", choices=STAGES, default="report",
+                   help="run the experiment up to this stage and stop: " + ", ".join(STAGES) + " (default report: all). "
+                        "Each stage reads back what the ones before it kept in --out, so they run apart, in turn")
     for name in ("steps", "batch_size", "accumulate", "eval_every", "patience", "ce_warmup", "warmup_steps",
                  "lora_rank"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None, help=f"default {getattr(d, name)}")

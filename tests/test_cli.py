@@ -169,7 +169,16 @@ def test_train_abstain_reads_its_settings_from_one_toml_file(tmp_path, monkeypat
     assert cli.main(["train-abstain", "--config", str(config), "--seeds", "4", "--out", str(tmp_path / "o")]) == 0
     assert (seen["model"], seen["thresholds"], seen["seeds"], seen["unseen_share"], seen["adapters"]) == (
         "gemma3-270m", [0.25, 0.5], [4], 0.5, ["top", "lora"])
-    assert seen["base"].learning_rate == 3e-4
+    assert seen["base"].learning_rate == 3e-4 and seen["until"] == "report"  # every stage by default
+    # a stage of its own (`--stage`, or `stage` in the file): the experiment stops after it and says so
+    monkeypatch.setattr(experiment, "run_experiment", lambda model, out, **kwargs: seen.update(kwargs) or {
+        "stage": kwargs["until"], "splits": {"train": {"items": 3}}, "runs": []})
+    config.write_text('stage = "features"\n')
+    assert cli.main(["train-abstain", "--config", str(config), "--out", str(tmp_path / "o")]) == 0
+    assert seen["until"] == "features" and "stage features done (splits: train 3)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # argparse's own error, naming the stages
+        cli.main(["train-abstain", "--stage", "nonsense"])
+    assert "invalid choice: 'nonsense'" in capsys.readouterr().err
     config.write_text("thresholdz = [0.5]\n")
     assert cli.main(["train-abstain", "--config", str(config)]) == 2
     assert "'thresholdz' is not a setting of `dcsjax train-abstain`" in capsys.readouterr().err

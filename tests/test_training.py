@@ -296,6 +296,14 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
                 progress=False)
     import dcsjax.training.experiment as experiment
 
+    # the stages apart (`--stage`): the data, then the frozen layers and the starting model's logits, nothing
+    # trained; the whole experiment below goes on from what they kept and computes no feature again
+    kept = run_experiment(SMOL, out, export_adapter="lora", until="data", **grid)
+    assert kept["stage"] == "data" and kept["splits"]["train"]["items"] == 14
+    assert (out / "data" / "unseen.jsonl").is_file() and not (out / "features").exists()
+    kept = run_experiment(SMOL, out, export_adapter="lora", until="features", **grid)
+    assert kept["stage"] == "features" and not (out / "runs").exists()
+    assert (out / "features" / "top2" / "start_unseen_logits.npy").is_file()
     labels = {}  # (adapter, run) -> the training labels the run was given
     real_train = experiment.train
 
@@ -304,6 +312,7 @@ def test_short_experiment_lowers_the_loss_and_its_model_scores_in_eval(tmp_path,
         return real_train(model, train_set, dev_set, cfg, folder, *args, **kwargs)
 
     monkeypatch.setattr(experiment, "train", recording)
+    monkeypatch.setattr(experiment, "letter_features", lambda *a, **k: pytest.fail("features computed again"))
     results = run_experiment(SMOL, out, export_adapter="lora", **grid)
     monkeypatch.undo()
     # the refusal baseline trained on R-Tuning's labels from the starting model's own answers (its logits on the

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 
 ARMS = ("ce", "dcs", "dcs+ce")
 ADAPTERS = ("top", "lora")
+# `train-abstain`'s stages, in order (`experiment.run_experiment`'s `until`); each reads what the ones before it
+# kept in the output folder: data (the splits as jsonl), features (the frozen layers and the starting model's
+# logits), train (every run of the grid), evaluate (results.json), export (the chosen model as an HF directory),
+# report (summary.md and the figures)
+STAGES = ("data", "features", "train", "evaluate", "export", "report")
 
 
 @dataclass(frozen=True)

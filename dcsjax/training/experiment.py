@@ -45,7 +45,7 @@ from dcsjax.training.policies import (
     summarise, thresholded, tune_threshold, uniform_answerer,
 )
 from dcsjax.eval.tables import render
-from dcsjax.training.config import ARMS
+from dcsjax.training.config import ARMS, STAGES
 from dcsjax.training.train import TrainConfig, distributions, merge_top, predict_logits, top_params, train
 
 
@@ -164,7 +164,8 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
                    stated_thresholds: Sequence[float] = STATED_ONLY,
                    fractions: tuple[float, float, float] = (0.6, 0.2, 0.2), unseen_share: float = UNSEEN_SHARE,
                    base: TrainConfig = TrainConfig(), export_threshold: float | None = 0.5,
-                   export_adapter: str | None = None, n_boot: int = 1000, mesh=None, progress: bool = True) -> dict:
+                   export_adapter: str | None = None, n_boot: int = 1000, mesh=None, progress: bool = True,
+                   until: str = "report") -> dict:
     """lora_layers: the blocks LoRA adapts (default all); lora_seeds, lora_steps and lora_thresholds:
     fewer seeds, updates and thresholds for the LoRA arms (a LoRA step over every block costs what the
     whole model's forward and backward do).
@@ -172,9 +173,14 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     is saved to OUT/model, merged. unseen_share, fractions: the split (`data.abstention_splits`): the share of
     subjects held out whole, and how the others' questions divide among train, dev and in-domain test.
     stated_thresholds: with the "stated" arm, the targets it is told at test besides `thresholds` (those it
-    trains on); the starting model is told each of them too."""
+    trains on); the starting model is told each of them too.
+    until: the last stage to run (`STAGES`); each one before it is read back where it is kept (a stage run
+    again with the same settings recomputes nothing), so the stages run apart, in turn, from one folder. -> the
+    results (until "evaluate" or later), or {"stage", "splits", "runs"} after an earlier stage."""
     import dcsjax
 
+    if until not in STAGES:
+        raise ConfigError(f"unknown stage {until!r}: one of {', '.join(STAGES)}")
     started = time.time()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -206,6 +212,8 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     kinds = {s: np.array([i.source["construction"] for i in v]) for s, v in splits.items()}
     counts = {s: {"items": len(v), **{k: int(np.sum(kinds[s] == k)) for k in CONSTRUCTIONS}} for s, v in splits.items()}
     _log(f"items: {counts}")
+    if until == "data":
+        return _stage_done("data", out, counts, [])
     embedding = scorer.model.output_embedding
     timings: dict[str, float] = {}
 
@@ -253,6 +261,8 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
                     start_folder / f"start_stated_{name}_logits",
                     {"features": json.loads((start_folder / f"stated-{name}.json").read_text())},
                     lambda: predict_logits(c, start, embedding, feats)), feats)
+    if until == "features":
+        return _stage_done("features", out, counts, [])
 
     # every trained model: (adapter, arm, t or None) -> per seed {"dev", *tests} distributions (the stated-risk
     # model: {"dev", "<test split>@<t>" for every t it is told})
@@ -282,6 +292,8 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
         if (exported is None and arm not in UNTHRESHOLDED and t == export_threshold and spec.first_seed
                 and adapter == (export_adapter or adapters[0])):
             exported = (adapter, arm, t, seed, result["best"], k)
+    if until == "train":
+        return _stage_done("train", out, counts, per_run)
 
     results = {"model": scorer.name, "tasks": list(tasks), "per_task": per_task, "top_layers": top_layers,
                "lora_layers": depth["lora"] if "lora" in adapters else None, "adapters": list(adapters),
@@ -298,6 +310,13 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
         results["abstention_slopes"] = {split: abstention_slopes(start_dists, models, split, told, n_boot)
                                         for split in tests}
     results["histories"] = histories
+    results["seconds"] = round(time.time() - started, 1)
+    results["timings"] = timings | {
+        f"{a} {arm}": round(sum(r["seconds"] or 0.0 for r in per_run if r["adapter"] == a and r["arm"] == arm), 1)
+        for a in adapters for arm in arms}
+    _write_results(results, out)
+    if until == "evaluate":
+        return results
     if exported is not None:
         adapter, arm, t, seed, params, k = exported
         merge_top(scorer.model, params)
@@ -307,14 +326,10 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
                     metadata={"trained": {"arm": arm, "adapter": adapter, "threshold": t, "seed": seed,
                                           "layers": k, "tasks": list(tasks), "config": asdict(base)}})
         results["exported"] = {"path": str(out / "model"), "adapter": adapter, "arm": arm, "threshold": t}
-    results["seconds"] = round(time.time() - started, 1)
-    results["timings"] = timings | {
-        f"{a} {arm}": round(sum(r["seconds"] or 0.0 for r in per_run if r["adapter"] == a and r["arm"] == arm), 1)
-        for a in adapters for arm in arms}
-    text = json.dumps(results, indent=2)
-    tmp = out / "results.json.tmp"
-    tmp.write_text(text)
-    tmp.replace(out / "results.json")  # a kill mid-write leaves the previous file whole
+        results["seconds"] = round(time.time() - started, 1)
+        _write_results(results, out)
+    if until == "export":
+        return results
     (out / "summary.md").write_text(summary_table(results))
     for split in tests:
         plot_thresholds(results, split, out / f"thresholds-{split}.png")
@@ -322,6 +337,18 @@ def run_experiment(model: str = "smollm2-135m-instruct", out: str | Path = "runs
     if histories:
         plot_training(histories, out / "training.png")
     return results
+
+
+def _write_results(results: dict, out: Path) -> None:
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=2))
+    tmp.replace(out / "results.json")  # a kill mid-write leaves the previous file whole
+
+
+def _stage_done(stage: str, out: Path, counts: dict, runs: list[dict]) -> dict:
+    nxt = STAGES[STAGES.index(stage) + 1]
+    _log(f"{out}: stage {stage} done; the same command with --stage {nxt} (or none) goes on from here")
+    return {"stage": stage, "splits": counts, "runs": runs}
 
 
 def threshold_results(t: float, start: dict, models: dict, split: str, kind: np.ndarray, n_boot: int) -> dict:
