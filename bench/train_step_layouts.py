@@ -21,7 +21,8 @@ from common import ROOT, write_record  # bench/common.py
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--items", type=int, default=512, help="training prompts whose frozen layers are computed")
+    parser.add_argument("--items", type=int, default=512,
+                        help="training prompts (a fixed sample of the split) whose frozen layers are computed")
     parser.add_argument("--batch", type=int, default=16, help="prompts per update (train-abstain's default)")
     parser.add_argument("--batches", type=int, default=24, help="random batches timed, each in both layouts")
     parser.add_argument("--top-layers", type=int, default=2, help="blocks trained (train-abstain's default)")
@@ -38,7 +39,9 @@ def main() -> None:
                                        step_settings, top_params)
 
     scorer = dcsjax.load(args.model)
-    items = abstention_splits(errors=[])["train"][:args.items]  # MMLU, the default data's training split
+    train = abstention_splits(errors=[])["train"]  # MMLU, the default data's training split, ordered by subject:
+    pick = np.random.default_rng(0).permutation(len(train))[:args.items]  # a fixed sample across its subjects
+    items = [train[i] for i in sorted(pick)]
     features = letter_features(scorer, items, args.top_layers)
     cfg = TrainConfig(arm="dcs+ce", batch_size=args.batch)
     base = top_params(scorer.model, args.top_layers)

@@ -65,13 +65,13 @@ class LetterFeatures(NamedTuple):
                            *self._targets(index))
 
     def packed(self, index, row_multiple: int = PACKED_ROW_MULTIPLE, row_length: int | None = None) -> "LetterBatch":
-        """The same items' prompts packed into rows of t tokens (`row_length`, by default the items' `cut_length`:
-        their longest prompt, rounded up), several prompts a row (the
-        training step: a random batch padded one prompt a row is mostly padding, MMLU's prompts running from under a
-        hundred tokens to over 1,500). index [..., B]; every micro-batch (the leading axes) gets the same R rows,
-        the most any of them needs rounded up to `row_multiple` (few shapes, each one compile; a multiple of a
-        mesh's data devices). Each prompt keeps its own positions from 0 and a segment of its own, which the
-        attention masks keep apart, so every item's logits are those of `batch` (tests/test_training.py)."""
+        """The same items' prompts packed several to a row of t tokens (`row_length`, by default the items'
+        `cut_length`: their longest prompt, rounded up): the training step's layout, since a random batch laid out
+        one prompt a row is mostly padding (MMLU's prompts run from under a hundred tokens to over 1,500).
+        index [..., B]; every micro-batch (the leading axes) gets the same R rows, the most any of them needs
+        rounded up to `row_multiple` (few shapes, each one compile; a multiple of a mesh's data devices). Each
+        prompt keeps its own positions from 0 and a segment of its own, which the attention masks keep apart, so
+        every item's logits are those of `batch` (tests/test_training.py)."""
         index = np.asarray(index)
         micro = index.reshape(-1, index.shape[-1])  # [M, B]
         t = row_length or cut_length(self.length[index])
